@@ -1,0 +1,97 @@
+# Attention Lab. `make book` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+VENV_STAMP := $(VENV)/.installed
+VENDOR := book/_static/vendor
+VENDOR_STAMP := $(VENDOR)/.installed
+PORT ?= 8000
+# One torch thread per process: tests run two workers on two cores.
+export OMP_NUM_THREADS ?= 1
+export MKL_NUM_THREADS ?= 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+.PHONY: help setup book test test-lib test-notebooks test-wheel test-browser serve lab clean lock strip chromium
+
+help:
+	@echo "make book   build the static site into _build/html (sets everything up first)"
+	@echo "make test   library, quiz, notebook, wheel, book and browser tests"
+	@echo "make serve  serve the built site on http://127.0.0.1:$(PORT)"
+	@echo "make lab    open the chapters in JupyterLab"
+	@echo "make clean  remove the environment, assets and build"
+
+setup: $(VENV_STAMP) $(VENDOR_STAMP)
+
+$(VENV_STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements.txt
+	touch $@
+
+# Browser assets (MathJax 3, the Jupyter widget manager) come from pinned npm packages and are
+# copied into the site's static folder; they are never committed.
+$(VENDOR_STAMP): package.json package-lock.json scripts/vendor_assets.sh
+	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	bash scripts/vendor_assets.sh node_modules $(VENDOR)
+	touch $@
+
+book: setup
+	rm -rf _build/html
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	@echo
+	@echo "Built. Open _build/html/index.html in a browser, or run 'make serve' and visit http://127.0.0.1:$(PORT)"
+
+test: setup chromium
+	$(MAKE) test-lib
+	$(MAKE) test-notebooks
+	$(MAKE) test-wheel
+	$(MAKE) book
+	$(MAKE) test-browser
+
+test-lib:
+	$(PY) -m pytest tests -m "not browser" -q -n 2
+
+# nbval runs on copies of the notebooks in an empty folder away from the repository, so
+# nothing may be read by a repository-relative path (what a Colab reader gets).
+test-notebooks:
+	$(PY) scripts/strip_outputs.py --check notebooks/*.ipynb
+	d=$$(mktemp -d) && cp notebooks/*.ipynb "$$d"/ && cd "$$d" && \
+	  $(CURDIR)/$(PY) -m pytest -p no:cacheprovider --rootdir "$$d" --nbval-lax -n 2 --dist loadfile \
+	    --nbval-sanitize-with $(CURDIR)/tests/nbval_sanitize.cfg *.ipynb; \
+	  rc=$$?; rm -rf "$$d"; exit $$rc
+
+test-wheel:
+	d=$$(mktemp -d) && $(BIN)/pip wheel -q --no-deps --no-build-isolation -w "$$d" . && \
+	  $(PY) scripts/check_wheel.py "$$d"/attnlab-*.whl; rc=$$?; rm -rf "$$d"; exit $$rc
+
+test-browser:
+	$(PY) -m pytest tests/test_site_browser.py -m browser -q -p no:xdist
+
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "Installing Debian's chromium for the browser test"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "The browser test needs Chromium at /usr/bin/chromium. Install it with:"; \
+	    echo "    sudo apt-get install chromium"; \
+	    exit 1; \
+	  fi; }
+
+serve: book
+	$(PY) -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
+
+lab: setup
+	$(BIN)/jupyter lab --ip=127.0.0.1 notebooks/
+
+strip:
+	$(PY) scripts/strip_outputs.py notebooks/*.ipynb
+
+lock: $(VENV_STAMP)
+	$(BIN)/pip install -q -r requirements.in
+	{ head -2 requirements.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^attnlab' \
+	  | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; echo "wheel==0.48.0"; echo "-e ."; } > requirements.lock && mv requirements.lock requirements.txt
+
+clean:
+	rm -rf $(VENV) node_modules $(VENDOR) _build src/*.egg-info
