@@ -1,0 +1,43 @@
+"""Figure builders: kernel-free sliders carry one step per frame with data and "title.text"."""
+import pytest
+import torch
+
+from attnlab import viz
+from attnlab.attention import attention_entropy
+
+
+def test_attention_heatmap_slider_over_layers_and_heads():
+    w = torch.softmax(torch.randn(2, 3, 4, 5), -1)
+    fig = viz.attention_heatmap(w, list("abcd"), list("abcde"), entropy=attention_entropy(w).mean(-1))
+    steps = fig.layout.sliders[0].steps
+    assert len(steps) == 6
+    assert steps[4].label == "layer 1 · head 1"
+    data, layout = steps[4].args
+    assert torch.allclose(torch.tensor(data["z"][0]), w[1, 1].double())
+    assert "title.text" in layout and "entropy" in layout["title.text"]
+    with pytest.raises(ValueError, match="weights must be"):
+        viz.attention_heatmap(torch.rand(4, 5))
+
+
+def test_saturation_explorer_updates_only_the_bar_trace():
+    rows = torch.softmax(torch.randn(3, 6), -1)
+    fig = viz.saturation_explorer([0.5, 1, 2], {"entropy": [1, 2, 3], "max": [0.1, 0.2, 0.3]}, rows,
+                                  x_title="β", x_symbol="β")
+    data, layout, traces = fig.layout.sliders[0].steps[2].args
+    assert list(traces) == [2] and layout["shapes[0].x0"] == 2
+    assert len(data["y"][0]) == 6
+    with pytest.raises(ValueError, match="one row per x value"):
+        viz.saturation_explorer([1, 2], {"e": [1, 2]}, rows, x_title="β", x_symbol="β")
+
+
+def test_memory_chart_dtype_slider_scales_bytes():
+    fig = viz.memory_chart([1, 10], {"weights": [1, 100]})
+    fp32, bf16 = (s.args[0]["y"][0] for s in fig.layout.sliders[0].steps[:2])
+    assert list(fp32) == [4, 400] and list(bf16) == [2, 200]
+
+
+def test_line_chart_and_mask_gallery():
+    fig = viz.line_chart([1, 2], {"a": [1, 2], "b": ([1, 3], [2, 2])}, x_title="x", y_title="y", dashed=["b"])
+    assert len(fig.data) == 2 and fig.data[1].line.dash == "dash"
+    fig = viz.mask_gallery({"causal": torch.tril(torch.ones(3, 3)), "full": torch.ones(3, 3)})
+    assert len(fig.data) == 2
