@@ -13,7 +13,7 @@ export OMP_NUM_THREADS ?= 1
 export MKL_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: help setup book test test-lib test-notebooks test-wheel test-browser serve lab clean lock strip chromium
+.PHONY: help setup book test test-lib test-notebooks test-wheel test-browser serve lab clean lock strip record chromium
 
 help:
 	@echo "make book   build the static site into _build/html (sets everything up first)"
@@ -37,7 +37,7 @@ $(VENDOR_STAMP): package.json package-lock.json scripts/vendor_assets.sh
 	touch $@
 
 book: setup
-	rm -rf _build/html
+	rm -rf _build
 	$(BIN)/jupyter-book build . -W -n --keep-going
 	@echo
 	@echo "Built. Open _build/html/index.html in a browser, or run 'make serve' and visit http://127.0.0.1:$(PORT)"
@@ -85,7 +85,13 @@ serve: book
 lab: setup
 	$(BIN)/jupyter lab --ip=127.0.0.1 notebooks/
 
+# Strip outputs, keeping those of cells tagged nbval-check-output (what nbval compares).
 strip:
+	$(PY) scripts/strip_outputs.py notebooks/*.ipynb
+
+# Re-execute every chapter and store the outputs nbval compares; run after editing a chapter.
+record: setup
+	cd notebooks && for nb in *.ipynb; do $(CURDIR)/$(BIN)/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
 	$(PY) scripts/strip_outputs.py notebooks/*.ipynb
 
 lock: $(VENV_STAMP)

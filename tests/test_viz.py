@@ -41,3 +41,6 @@ def test_line_chart_and_mask_gallery():
     assert len(fig.data) == 2 and fig.data[1].line.dash == "dash"
     fig = viz.mask_gallery({"causal": torch.tril(torch.ones(3, 3)), "full": torch.ones(3, 3)})
     assert len(fig.data) == 2
+def test_bar_chart():
+    fig = viz.bar_chart(['a', 'b'], [1e-7, 0.5], y_title='error', log_y=True)
+    assert fig.layout.yaxis.type == 'log' and list(fig.data[0].x) == ['a', 'b']

@@ -165,8 +165,11 @@ def scaled_dot_product_attention(
         n_rep = q.shape[-3] // k.shape[-3]
         k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = masked_scores(q @ k.transpose(-2, -1) * scale, mask, causal=causal)
-    weights = masked_softmax(scores)
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is None and not causal:
+        weights = torch.softmax(scores, dim=-1)  # no key is blocked: no empty row to guard
+    else:
+        weights = masked_softmax(masked_scores(scores, mask, causal=causal))
     mixing = torch.dropout(weights, dropout_p, train=True) if dropout_p > 0 else weights
     out = mixing @ v
     return (out, weights) if return_weights else out

@@ -57,21 +57,22 @@ def peak_memory_bytes(setup: str, statement: str, *, timeout: float = 300) -> in
     """Peak resident memory that ``statement`` adds on top of ``setup``, in a fresh process.
 
     Both are Python source run in a new interpreter with glibc's mmap threshold fixed
-    (``MALLOC_ENV``); the result is ru_maxrss after the statement minus the resident size
-    after the setup. The setup should allocate the inputs, so that only the computation
+    (``MALLOC_ENV``); the result is the peak resident size during the statement (Linux's
+    VmHWM, reset after the setup) minus the resident size after the setup. The setup should allocate the inputs, so that only the computation
     is counted. On CUDA use ``torch.cuda.max_memory_allocated`` instead.
     """
     program = textwrap.dedent(
         """
-        import json, resource
-        def rss():
-            with open("/proc/self/statm") as f:
-                return int(f.read().split()[1]) * resource.getpagesize()
+        import json
+        def status(field):
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
         {setup}
-        base = rss()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the high-water mark, so the setup's own peak is not counted
+        base = status("VmRSS:")
         {statement}
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        print(json.dumps({{"base": base, "peak": peak}}))
+        print(json.dumps({{"base": base, "peak": status("VmHWM:")}}))
         """
     ).format(setup=textwrap.dedent(setup).strip(), statement=textwrap.dedent(statement).strip())
     env = {**os.environ, **MALLOC_ENV}

@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 HEATMAP_SCALE = "Viridis"
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b"]
 DTYPE_BYTES = {"fp32": 4, "bf16 / fp16": 2, "fp8": 1}
 
 
@@ -81,14 +82,17 @@ def attention_heatmap(weights, tokens_q=None, tokens_k=None, *, entropy=None, na
 def line_chart(
     x, series: Mapping[str, object], *, x_title: str, y_title: str, title: str = "",
     log_x: bool = False, log_y: bool = False, mode: str = "lines+markers", dashed: Sequence[str] = (),
-    height: int = 420,
+    points: Sequence[str] = (), height: int = 420,
 ) -> go.Figure:
-    """Lines sharing one x axis. ``series`` maps a legend name to y values, or to (x, y)."""
+    """Lines sharing one x axis. ``series`` maps a legend name to y values, or to (x, y).
+
+    Names in ``dashed`` are drawn dashed; names in ``points`` as markers only (data points).
+    """
     fig = go.Figure()
     for name, ys in series.items():
         xs, ys = (ys if isinstance(ys, tuple) else (x, ys))
         fig.add_trace(go.Scatter(
-            x=_np(xs), y=_np(ys), name=name, mode=mode,
+            x=_np(xs), y=_np(ys), name=name, mode="markers" if name in points else mode,
             line=dict(dash="dash" if name in dashed else "solid"),
         ))
     fig.update_layout(
@@ -96,6 +100,16 @@ def line_chart(
         xaxis=dict(title=dict(text=x_title), type="log" if log_x else "linear"),
         yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"),
     )
+    return fig
+
+
+def bar_chart(labels: Sequence[str], values, *, y_title: str, title: str = "", log_y: bool = False,
+              height: int = 380) -> go.Figure:
+    """One bar per label, with its value written on the bar."""
+    vals = _np(values)
+    fig = go.Figure(go.Bar(x=list(labels), y=vals, text=[f"{v:.2g}" for v in vals], textposition="outside"))
+    fig.update_layout(title=dict(text=title), height=height,
+                      yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"))
     return fig
 
 
@@ -115,9 +129,13 @@ def saturation_explorer(
         raise ValueError(f"example_rows must have one row per x value: got {rows.shape[0]} rows, {len(xs)} x values")
     fig = make_subplots(rows=1, cols=2, column_widths=[0.58, 0.42],
                         subplot_titles=("statistics of the softmax row", "one attention row"))
+    solid = [name for name in metrics if name not in dashed]
+    colors = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(solid)}
+    colors.update({name: PALETTE[i % len(PALETTE)] for i, name in enumerate(n for n in metrics if n in dashed)})
     for name, ys in metrics.items():
         fig.add_trace(go.Scatter(x=xs, y=_np(ys), name=name, mode="lines+markers",
-                                 line=dict(dash="dash" if name in dashed else "solid")), row=1, col=1)
+                                 line=dict(dash="dash" if name in dashed else "solid", color=colors[name])),
+                      row=1, col=1)
     bar_index = len(metrics)
     fig.add_trace(go.Bar(x=np.arange(rows.shape[1]), y=rows[0], name="weights a_j", marker_color="#444",
                          showlegend=False), row=1, col=2)
@@ -129,9 +147,9 @@ def saturation_explorer(
     step_title = [f"{title}{x_symbol} = {v:g}" for v in xs]
     steps = [[{"y": [rows[i]]}, {"shapes[0].x0": xs[i], "shapes[0].x1": xs[i], "title.text": step_title[i]}, [bar_index]]
              for i in range(len(xs))]
-    fig.update_layout(shapes=[marker], title=dict(text=step_title[0]), height=460,
+    fig.update_layout(shapes=[marker], title=dict(text=step_title[0]), height=600, margin=dict(b=170),
                       sliders=[_slider([f"{v:g}" for v in xs], steps, f"{x_symbol} = ")],
-                      legend=dict(orientation="h", y=-0.25))
+                      legend=dict(orientation="h", y=-0.55, yanchor="top"))
     return fig
 
 
@@ -170,7 +188,7 @@ def mask_gallery(masks: Mapping[str, object], *, cols: int | None = None) -> go.
     names = list(masks)
     cols = cols or len(names)
     rows = -(-len(names) // cols)
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.04)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.06, vertical_spacing=0.14)
     for i, name in enumerate(names):
         r, c = divmod(i, cols)
         fig.add_trace(go.Heatmap(z=_np(masks[name]), colorscale=[[0, "#f4f4f4"], [1, "#2c3e50"]],
@@ -178,5 +196,6 @@ def mask_gallery(masks: Mapping[str, object], *, cols: int | None = None) -> go.
                                  hovertemplate="query %{y}<br>key %{x}<br>may attend: %{z}<extra></extra>"),
                       row=r + 1, col=c + 1)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(height=300 * rows + 60, title=dict(text="Masks: dark cells may attend (row = query, column = key)"))
+    fig.update_annotations(font_size=13)
+    fig.update_layout(height=280 * rows + 80, title=dict(text="Masks: dark cells may attend (row = query, column = key)"))
     return fig

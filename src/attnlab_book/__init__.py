@@ -3,7 +3,7 @@
 * ``PlotlyMimeRenderer`` (entry point group ``myst_nb.mime_renderers``): myst-nb drops
   plotly's ``application/vnd.plotly.v1+json`` outputs, so figures would vanish from the
   book; this renders each into a div and an inline script, with no CDN reference.
-* ``setup``: a Sphinx extension that copies the ``plotly.min.js`` shipped in the plotly
+* ``setup``: a Sphinx extension that drops sphinx-thebe's scripts (see ``_drop_thebe``) and copies the ``plotly.min.js`` shipped in the plotly
   wheel into ``_static/`` and adds it only to pages that have a figure.
 """
 from __future__ import annotations
@@ -47,7 +47,23 @@ def _copy_plotly_js(app, exc):
         shutil.copyfile(src, Path(app.outdir) / "_static" / PLOTLY_JS)
 
 
+def _is_thebe(script) -> bool:
+    body = (getattr(script, "attributes", None) or {}).get("body") or ""
+    return "THEBE_JS_URL" in body or str(getattr(script, "filename", script)).endswith("sphinx-thebe.js")
+
+
+def _drop_thebe(app, pagename, templatename, context, doctree):
+    """Remove sphinx-thebe's scripts (a Jupyter Book default).
+
+    Thebe runs code on a live Jupyter server, which an offline static book has not; and
+    sphinx-thebe 0.3.1 adds its inline config twice, a page error in every browser
+    ("Identifier 'THEBE_JS_URL' has already been declared").
+    """
+    context["script_files"] = [s for s in context.get("script_files", []) if not _is_thebe(s)]
+
+
 def setup(app):
     app.connect("html-page-context", _add_plotly_js)
+    app.connect("html-page-context", _drop_thebe, priority=900)  # after every script is added
     app.connect("build-finished", _copy_plotly_js)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,122 @@
+"""The built book in headless Chromium (Debian's, driven by Playwright), served on 127.0.0.1
+with every other request blocked: figures drawn, sliders work without a kernel, quizzes give
+feedback, math is typeset, and nothing fails or reaches outside the site.
+
+Run after `make book` (make test does both).
+"""
+import functools
+import http.server
+import threading
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+SITE = Path(__file__).resolve().parents[1] / "_build" / "html"
+CHROMIUM = "/usr/bin/chromium"
+CHAPTERS = sorted(p.relative_to(SITE).as_posix() for p in (SITE / "notebooks").glob("*.html"))
+PAGES = ["book/intro.html", "book/how_to_use.html", "book/notation.html", "book/errata.html",
+         "book/references.html", *CHAPTERS]
+# Console messages allowed, each with the reason. Keep this empty unless a message is
+# harmless and cannot be removed at its source.
+ALLOWED_CONSOLE = {}
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    if not (SITE / "index.html").exists():
+        pytest.fail("no built site: run `make book` first")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(SITE)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"])
+        yield b
+        b.close()
+
+
+def open_page(browser, url):
+    """Load url with non-local requests blocked; return (page, problems dict)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1600})
+    problems = {"console": [], "page_errors": [], "failed": [], "external": []}
+    page.on("console", lambda m: m.type == "error" and not any(a in m.text for a in ALLOWED_CONSOLE)
+            and problems["console"].append(m.text[:300]))
+    page.on("pageerror", lambda e: problems["page_errors"].append(str(e)[:300]))
+    page.on("requestfailed", lambda r: r.url.startswith("http://127.0.0.1") and problems["failed"].append(r.url))
+    page.on("response", lambda r: r.status >= 400 and problems["failed"].append(f"{r.status} {r.url}"))
+
+    def route(r):
+        if r.request.url.startswith(("http://127.0.0.1", "data:", "blob:")):
+            return r.continue_()
+        problems["external"].append(r.request.url[:200])
+        return r.abort()
+
+    page.route("**/*", route)
+    page.goto(url, wait_until="load", timeout=60_000)
+    page.wait_for_timeout(1500)
+    return page, problems
+
+
+@pytest.mark.parametrize("path", PAGES)
+def test_page_loads_offline_without_errors(browser, base_url, path):
+    page, problems = open_page(browser, f"{base_url}/{path}")
+    assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
+    assert page.locator("article h1").count() >= 1
+    page.close()
+
+
+def test_every_chapter_is_listed():
+    assert CHAPTERS, "no chapter pages were built"
+
+
+@pytest.mark.parametrize("path", CHAPTERS)
+def test_chapter_figures_sliders_quiz_and_math(browser, base_url, path):
+    page, problems = open_page(browser, f"{base_url}/{path}")
+    page.wait_for_function("() => document.querySelectorAll('mjx-container').length > 0", timeout=30_000)
+    figures = page.locator(".plotly-graph-div")
+    assert figures.count() >= 4
+    for i in range(figures.count()):
+        figures.nth(i).scroll_into_view_if_needed()
+        assert figures.nth(i).locator("svg.main-svg").count() > 0, f"figure {i} drew no svg"
+
+    # A kernel-free slider: clicking its last step changes the figure's title and data.
+    slider_fig = page.locator(".plotly-graph-div:has(.slider-container)").first
+    slider_fig.scroll_into_view_if_needed()
+    state = "el => JSON.stringify([el.layout.title.text, el.data.map(t => t.z || t.y)])"
+    before = slider_fig.evaluate(state)
+    rail = slider_fig.locator("rect.slider-rail-touch-rect").first
+    box = rail.bounding_box()
+    page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] / 2)
+    page.wait_for_timeout(800)
+    assert slider_fig.evaluate(state) != before, "the slider did not change its figure"
+
+    # A quiz answer shows feedback.
+    buttons = page.locator(".MCButton")
+    assert buttons.count() >= 8
+    buttons.first.scroll_into_view_if_needed()
+    buttons.first.click()
+    page.wait_for_timeout(300)
+    feedback = page.evaluate("() => [...document.querySelectorAll('.Feedback')].map(e => e.textContent.trim()).filter(Boolean)")
+    assert feedback, "clicking a quiz answer showed no feedback"
+
+    # The Colab launch button points at this notebook.
+    colab = [h for h in page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.href)") if "colab.research.google.com" in h]
+    assert any(h.endswith(path.replace(".html", ".ipynb")) for h in colab), colab
+    assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
+    page.close()
