@@ -58,21 +58,27 @@ def peak_memory_bytes(setup: str, statement: str, *, timeout: float = 300) -> in
 
     Both are Python source run in a new interpreter with glibc's mmap threshold fixed
     (``MALLOC_ENV``); the result is the peak resident size during the statement (Linux's
-    VmHWM, reset after the setup) minus the resident size after the setup. The setup should allocate the inputs, so that only the computation
+    VmHWM, reset after the setup) minus the resident size after the setup. Elsewhere the
+    high-water mark cannot be reset and the result may under-report. The setup should allocate the inputs, so that only the computation
     is counted. On CUDA use ``torch.cuda.max_memory_allocated`` instead.
     """
     program = textwrap.dedent(
         """
-        import json
+        import json, resource, sys
         def status(field):
             with open("/proc/self/status") as f:
                 return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+        def max_rss():  # ru_maxrss is in KiB on Linux, bytes on macOS
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
         {setup}
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the high-water mark, so the setup's own peak is not counted
-        base = status("VmRSS:")
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the high-water mark, so the setup's own peak is not counted
+            base, peak = status("VmRSS:"), lambda: status("VmHWM:")
+        except OSError:  # not Linux: the high-water mark cannot be reset, the delta may under-report
+            base, peak = max_rss(), max_rss
         {statement}
-        print(json.dumps({{"base": base, "peak": status("VmHWM:")}}))
+        print(json.dumps({{"base": base, "peak": peak()}}))
         """
     ).format(setup=textwrap.dedent(setup).strip(), statement=textwrap.dedent(statement).strip())
     env = {**os.environ, **MALLOC_ENV}

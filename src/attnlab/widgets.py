@@ -37,3 +37,31 @@ def attention_explorer(scores: torch.Tensor, tokens=None) -> widgets.Widget:
     head.observe(redraw, "value")
     redraw()
     return widgets.VBox([widgets.HBox([beta, head]), out])
+
+
+def memory_explorer(lengths=None) -> widgets.Widget:
+    """Sliders for batch, heads and layers over the memory of stored attention weights.
+
+    Plots b · h · layers · n² values against n (:func:`attnlab.viz.memory_chart`, whose own
+    slider switches the dtype).
+    """
+    lengths = lengths or [2**p for p in range(8, 18)]
+    batch = widgets.IntSlider(value=1, min=1, max=64, description="batch")
+    heads = widgets.IntSlider(value=32, min=1, max=128, description="heads")
+    layers = widgets.IntSlider(value=32, min=1, max=128, description="layers")
+    out = widgets.Output()
+
+    def redraw(*_):
+        per_head = [n * n for n in lengths]
+        total = [batch.value * heads.value * layers.value * c for c in per_head]
+        fig = viz.memory_chart(lengths, {"one head, one layer": per_head,
+                                         f"{batch.value} × {heads.value} heads × {layers.value} layers": total},
+                               limits={"24 GiB": 24 * 2**30, "80 GB": 80e9})
+        with out:
+            out.clear_output(wait=True)
+            display(fig)
+
+    for w in (batch, heads, layers):
+        w.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([widgets.HBox([batch, heads, layers]), out])

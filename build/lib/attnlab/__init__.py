@@ -1,0 +1,29 @@
+"""Attention Lab: a small, tested PyTorch library for learning attention and its successors.
+
+Every chapter of the book imports this package, so the code a reader studies is the
+code the tests check. One module per idea:
+
+    attnlab.attention    scaled dot-product attention, masks, multi-head attention, entropy
+    attnlab.positional   positional encodings (sinusoidal; chapter 02 adds RoPE, ALiBi, learned)
+    attnlab.numerics     the numerical-agreement rule every alternative form is tested by
+    attnlab.viz          plotly figure builders with kernel-free sliders for the static book
+    attnlab.widgets      ipywidgets explorers on the same builders, for live kernels
+    attnlab.quiz         chapter quiz banks (package data) shown with jupyterquiz
+    attnlab.bench        timing and peak-memory helpers for notebooks and benchmarks/
+
+Shape letters (the same glossary is on the book's notation page):
+
+    b      batch
+    h      query heads
+    h_kv   key/value heads (h_kv divides h; h_kv < h is grouped-query attention)
+    n      query length
+    m      key length
+    d      head dimension (d_k for queries and keys, d_v for values when they differ)
+    d_model  model width, d_model = h * d
+    For state space models (chapters 10-11): L length, d channels, n state size.
+
+Attention tensors are (b, h, n, d), like torch.nn.functional.scaled_dot_product_attention.
+A boolean mask means True = may attend. Causal masks are aligned bottom-right when n != m.
+"""
+
+__version__ = "0.1.0"

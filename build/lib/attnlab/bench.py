@@ -1,0 +1,103 @@
+"""Timing and peak-memory helpers shared by the notebooks and ``benchmarks/``.
+
+Speed claims in the book are ratios measured in one run (ours against a reference), never
+absolute timings asserted in tests: the machine, its load and its BLAS all change the seconds.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Sequence
+
+# glibc raises its mmap threshold after the first large free, so later large blocks come
+# from the heap and ru_maxrss over-reports a loop that allocates and frees big tensors.
+# A fixed threshold returns large blocks to the system on free; see research/toolchain.md.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5) -> float:
+    """Median wall time of ``fn()`` in seconds, after ``warmup`` untimed calls."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    _sync()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
+    """Least-squares slope of log y against log x: the exponent p in y ≈ c · x^p."""
+    if len(x) != len(y) or len(x) < 2:
+        raise ValueError(f"x and y need the same length >= 2, got {len(x)} and {len(y)}")
+    lx, ly = [math.log(v) for v in x], [math.log(v) for v in y]
+    mx, my = statistics.fmean(lx), statistics.fmean(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def peak_memory_bytes(setup: str, statement: str, *, timeout: float = 300) -> int:
+    """Peak resident memory that ``statement`` adds on top of ``setup``, in a fresh process.
+
+    Both are Python source run in a new interpreter with glibc's mmap threshold fixed
+    (``MALLOC_ENV``); the result is the peak resident size during the statement (Linux's
+    VmHWM, reset after the setup) minus the resident size after the setup. Elsewhere the
+    high-water mark cannot be reset and the result may under-report. The setup should allocate the inputs, so that only the computation
+    is counted. On CUDA use ``torch.cuda.max_memory_allocated`` instead.
+    """
+    program = textwrap.dedent(
+        """
+        import json, resource, sys
+        def status(field):
+            with open("/proc/self/status") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+        def max_rss():  # ru_maxrss is in KiB on Linux, bytes on macOS
+            return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        {setup}
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the high-water mark, so the setup's own peak is not counted
+            base, peak = status("VmRSS:"), lambda: status("VmHWM:")
+        except OSError:  # not Linux: the high-water mark cannot be reset, the delta may under-report
+            base, peak = max_rss(), max_rss
+        {statement}
+        print(json.dumps({{"base": base, "peak": peak()}}))
+        """
+    ).format(setup=textwrap.dedent(setup).strip(), statement=textwrap.dedent(statement).strip())
+    env = {**os.environ, **MALLOC_ENV}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"peak_memory_bytes: the measured program failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return max(result["peak"] - result["base"], 0)
+
+
+def format_table(rows: Sequence[dict], floatfmt: str = ".3g") -> str:
+    """A plain-text table of ``rows`` (dicts sharing keys), for benchmarks and notebooks."""
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    cells = [[f"{r[k]:{floatfmt}}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) for v, w in zip(vals, widths))
+
+    return "\n".join([line(keys), line(["-" * w for w in widths]), *map(line, cells)])

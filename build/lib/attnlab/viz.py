@@ -1,0 +1,201 @@
+"""Plotly figure builders for the book.
+
+Every figure that has a slider in a live kernel (see :mod:`attnlab.widgets`) also has a
+kernel-free slider here: the slider's steps carry precomputed data, so the figure stays
+interactive in the static book with no Python behind it. Builders take plain tensors or
+arrays and return a ``plotly.graph_objects.Figure``; they compute nothing about attention.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+HEATMAP_SCALE = "Viridis"
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b"]
+DTYPE_BYTES = {"fp32": 4, "bf16 / fp16": 2, "fp8": 1}
+
+
+def _np(x) -> np.ndarray:
+    return x.detach().cpu().double().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=float)
+
+
+def _slider(labels: Sequence[str], steps_args: Sequence[list], prefix: str, active: int = 0) -> dict:
+    """A plotly slider whose i-th step applies ``steps_args[i]`` with the "update" method."""
+    return dict(
+        active=active, currentvalue=dict(prefix=prefix), pad=dict(t=50),
+        steps=[dict(method="update", label=lab, args=args) for lab, args in zip(labels, steps_args)],
+    )
+
+
+def heatmap_slider(
+    matrices, labels: Sequence[str], titles: Sequence[str], *, prefix: str = "",
+    x_labels=None, y_labels=None, x_title: str = "key j", y_title: str = "query i",
+    zmin: float | None = 0.0, zmax: float | None = None, active: int = 0,
+    colorscale: str = HEATMAP_SCALE, height: int = 480,
+) -> go.Figure:
+    """One heatmap whose data and title a kernel-free slider switches between ``matrices``.
+
+    matrices: (s, n, m), one matrix per slider step; labels and titles: one per step.
+    """
+    mats = _np(matrices)
+    zmax = float(mats.max()) if zmax is None else zmax
+    x = list(x_labels) if x_labels is not None else None
+    y = list(y_labels) if y_labels is not None else None
+    fig = go.Figure(go.Heatmap(
+        z=mats[active], x=x, y=y, zmin=zmin, zmax=zmax, colorscale=colorscale,
+        hovertemplate="query %{y}<br>key %{x}<br>value %{z:.3f}<extra></extra>",
+    ))
+    steps = [[{"z": [mat]}, {"title.text": t}] for mat, t in zip(mats, titles)]
+    fig.update_layout(
+        title=dict(text=titles[active]), height=height,
+        xaxis=dict(title=dict(text=x_title), side="bottom"),
+        yaxis=dict(title=dict(text=y_title), autorange="reversed"),
+    )
+    if len(mats) > 1:
+        fig.update_layout(sliders=[_slider(labels, steps, prefix, active)])
+    return fig
+
+
+def attention_heatmap(weights, tokens_q=None, tokens_k=None, *, entropy=None, names=None) -> go.Figure:
+    """Attention weights with a kernel-free slider over heads (and layers).
+
+    weights: (h, n, m) or (layers, h, n, m); entropy: optional mean entropy per map (same
+    leading shape) shown in the title; names: optional label per map.
+    """
+    w = _np(weights)
+    if w.ndim not in (3, 4):
+        raise ValueError(f"weights must be (h, n, m) or (layers, h, n, m), got shape {w.shape}")
+    lead = w.shape[:-2]
+    maps = w.reshape(-1, *w.shape[-2:])
+    if names is None:
+        names = [f"layer {i // lead[-1]} · head {i % lead[-1]}" if len(lead) == 2 else f"head {i}"
+                 for i in range(len(maps))]
+    ent = None if entropy is None else _np(entropy).reshape(-1)
+    titles = [f"Attention weights, {nm}" + ("" if ent is None else f" (mean entropy {ent[i]:.2f} nats)")
+              for i, nm in enumerate(names)]
+    return heatmap_slider(maps, names, titles, prefix="", x_labels=tokens_k, y_labels=tokens_q, zmax=1.0)
+
+
+def line_chart(
+    x, series: Mapping[str, object], *, x_title: str, y_title: str, title: str = "",
+    log_x: bool = False, log_y: bool = False, mode: str = "lines+markers", dashed: Sequence[str] = (),
+    points: Sequence[str] = (), height: int = 420,
+) -> go.Figure:
+    """Lines sharing one x axis. ``series`` maps a legend name to y values, or to (x, y).
+
+    Names in ``dashed`` are drawn dashed; names in ``points`` as markers only (data points).
+    """
+    fig = go.Figure()
+    for name, ys in series.items():
+        xs, ys = (ys if isinstance(ys, tuple) else (x, ys))
+        fig.add_trace(go.Scatter(
+            x=_np(xs), y=_np(ys), name=name, mode="markers" if name in points else mode,
+            line=dict(dash="dash" if name in dashed else "solid"),
+        ))
+    fig.update_layout(
+        title=dict(text=title), height=height,
+        xaxis=dict(title=dict(text=x_title), type="log" if log_x else "linear"),
+        yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"),
+    )
+    return fig
+
+
+def bar_chart(labels: Sequence[str], values, *, y_title: str, title: str = "", log_y: bool = False,
+              height: int = 380) -> go.Figure:
+    """One bar per label, with its value written on the bar."""
+    vals = _np(values)
+    fig = go.Figure(go.Bar(x=list(labels), y=vals, text=[f"{v:.2g}" for v in vals], textposition="outside"))
+    fig.update_layout(title=dict(text=title), height=height,
+                      yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"))
+    return fig
+
+
+def saturation_explorer(
+    x, metrics: Mapping[str, object], example_rows, *, x_title: str, x_symbol: str,
+    log_x: bool = True, dashed: Sequence[str] = (), title: str = "",
+) -> go.Figure:
+    """Curves of softmax statistics against x, and the softmax row at the slider's x.
+
+    x: (s,) values of the swept quantity (temperature, d_k, ...).
+    metrics: legend name -> (s,) values, drawn against x on the left.
+    example_rows: (s, m), one attention row per x, drawn as bars on the right.
+    The kernel-free slider moves a marker along x and redraws the row.
+    """
+    xs, rows = _np(x), _np(example_rows)
+    if rows.shape[0] != len(xs):
+        raise ValueError(f"example_rows must have one row per x value: got {rows.shape[0]} rows, {len(xs)} x values")
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.58, 0.42],
+                        subplot_titles=("statistics of the softmax row", "one attention row"))
+    solid = [name for name in metrics if name not in dashed]
+    colors = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(solid)}
+    colors.update({name: PALETTE[i % len(PALETTE)] for i, name in enumerate(n for n in metrics if n in dashed)})
+    for name, ys in metrics.items():
+        fig.add_trace(go.Scatter(x=xs, y=_np(ys), name=name, mode="lines+markers",
+                                 line=dict(dash="dash" if name in dashed else "solid", color=colors[name])),
+                      row=1, col=1)
+    bar_index = len(metrics)
+    fig.add_trace(go.Bar(x=np.arange(rows.shape[1]), y=rows[0], name="weights a_j", marker_color="#444",
+                         showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text=x_title, type="log" if log_x else "linear", row=1, col=1)
+    fig.update_xaxes(title_text="key j", row=1, col=2)
+    fig.update_yaxes(range=[0, 1.02], title_text="a_j", row=1, col=2)
+    marker = dict(type="line", xref="x", yref="paper", x0=xs[0], x1=xs[0], y0=0, y1=1,
+                  line=dict(color="crimson", width=2, dash="dot"))
+    step_title = [f"{title}{x_symbol} = {v:g}" for v in xs]
+    steps = [[{"y": [rows[i]]}, {"shapes[0].x0": xs[i], "shapes[0].x1": xs[i], "title.text": step_title[i]}, [bar_index]]
+             for i in range(len(xs))]
+    fig.update_layout(shapes=[marker], title=dict(text=step_title[0]), height=600, margin=dict(b=170),
+                      sliders=[_slider([f"{v:g}" for v in xs], steps, f"{x_symbol} = ")],
+                      legend=dict(orientation="h", y=-0.55, yanchor="top"))
+    return fig
+
+
+def memory_chart(
+    ns, elements: Mapping[str, object], *, dtype_bytes: Mapping[str, int] = DTYPE_BYTES,
+    limits: Mapping[str, float] | None = None, title: str = "Memory against sequence length",
+) -> go.Figure:
+    """Bytes against sequence length on log-log axes, with a kernel-free slider over the dtype.
+
+    ns: (s,) sequence lengths; elements: legend name -> (s,) numbers of stored values;
+    limits: optional horizontal lines, name -> bytes (a device's memory, say).
+    """
+    n = _np(ns)
+    names = list(elements)
+    counts = {k: _np(v) for k, v in elements.items()}
+    dtypes = list(dtype_bytes)
+    fig = go.Figure()
+    for name in names:
+        fig.add_trace(go.Scatter(x=n, y=counts[name] * dtype_bytes[dtypes[0]], name=name, mode="lines+markers"))
+    shapes, annotations = [], []
+    for label, value in (limits or {}).items():
+        shapes.append(dict(type="line", xref="paper", x0=0, x1=1, y0=value, y1=value, line=dict(dash="dot", color="gray")))
+        annotations.append(dict(xref="paper", x=0.01, y=np.log10(value), text=label, showarrow=False, yanchor="bottom"))
+    steps = [[{"y": [counts[nm] * dtype_bytes[dt] for nm in names]}, {"title.text": f"{title} ({dt})"}] for dt in dtypes]
+    fig.update_layout(
+        title=dict(text=f"{title} ({dtypes[0]})"), height=460, shapes=shapes, annotations=annotations,
+        xaxis=dict(title=dict(text="sequence length n"), type="log"),
+        yaxis=dict(title=dict(text="bytes"), type="log"),
+        sliders=[_slider(dtypes, steps, "dtype: ")],
+    )
+    return fig
+
+
+def mask_gallery(masks: Mapping[str, object], *, cols: int | None = None) -> go.Figure:
+    """Boolean masks side by side; dark = may attend. masks: name -> (n, m)."""
+    names = list(masks)
+    cols = cols or len(names)
+    rows = -(-len(names) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.06, vertical_spacing=0.14)
+    for i, name in enumerate(names):
+        r, c = divmod(i, cols)
+        fig.add_trace(go.Heatmap(z=_np(masks[name]), colorscale=[[0, "#f4f4f4"], [1, "#2c3e50"]],
+                                 zmin=0, zmax=1, showscale=False,
+                                 hovertemplate="query %{y}<br>key %{x}<br>may attend: %{z}<extra></extra>"),
+                      row=r + 1, col=c + 1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_annotations(font_size=13)
+    fig.update_layout(height=280 * rows + 80, title=dict(text="Masks: dark cells may attend (row = query, column = key)"))
+    return fig

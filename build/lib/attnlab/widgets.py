@@ -1,0 +1,67 @@
+"""ipywidgets explorers for a live kernel, built on the figure builders of :mod:`attnlab.viz`.
+
+In the static book these cells show a frozen snapshot; the kernel-free slider figures of
+:mod:`attnlab.viz` are what stays interactive there.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import torch
+from IPython.display import display
+
+from . import viz
+from .attention import attention_entropy, masked_softmax
+
+
+def attention_explorer(scores: torch.Tensor, tokens=None) -> widgets.Widget:
+    """Sliders for the inverse temperature β and the head over raw scores (h, n, m).
+
+    Shows softmax(β · scores) for the chosen head, with its mean entropy.
+    """
+    if scores.dim() != 3:
+        raise ValueError(f"scores must have shape (h, n, m), got {tuple(scores.shape)}")
+    beta = widgets.FloatLogSlider(value=1.0, base=10, min=-1.5, max=1.5, step=0.05, description="β")
+    head = widgets.IntSlider(value=0, min=0, max=scores.shape[0] - 1, description="head")
+    out = widgets.Output()
+
+    def redraw(*_):
+        weights = masked_softmax(beta.value * scores[head.value])
+        entropy = attention_entropy(weights).mean()
+        fig = viz.attention_heatmap(weights.unsqueeze(0), tokens, tokens, entropy=entropy.reshape(1),
+                                    names=[f"head {head.value}, β = {beta.value:.2f}"])
+        with out:
+            out.clear_output(wait=True)
+            display(fig)
+
+    beta.observe(redraw, "value")
+    head.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([widgets.HBox([beta, head]), out])
+
+
+def memory_explorer(lengths=None) -> widgets.Widget:
+    """Sliders for batch, heads and layers over the memory of stored attention weights.
+
+    Plots b · h · layers · n² values against n (:func:`attnlab.viz.memory_chart`, whose own
+    slider switches the dtype).
+    """
+    lengths = lengths or [2**p for p in range(8, 18)]
+    batch = widgets.IntSlider(value=1, min=1, max=64, description="batch")
+    heads = widgets.IntSlider(value=32, min=1, max=128, description="heads")
+    layers = widgets.IntSlider(value=32, min=1, max=128, description="layers")
+    out = widgets.Output()
+
+    def redraw(*_):
+        per_head = [n * n for n in lengths]
+        total = [batch.value * heads.value * layers.value * c for c in per_head]
+        fig = viz.memory_chart(lengths, {"one head, one layer": per_head,
+                                         f"{batch.value} × {heads.value} heads × {layers.value} layers": total},
+                               limits={"24 GiB": 24 * 2**30, "80 GB": 80e9})
+        with out:
+            out.clear_output(wait=True)
+            display(fig)
+
+    for w in (batch, heads, layers):
+        w.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([widgets.HBox([batch, heads, layers]), out])

@@ -1,0 +1,69 @@
+"""Build-time plugin for the static book (Sphinx + myst-nb). It never imports torch.
+
+* ``PlotlyMimeRenderer`` (entry point group ``myst_nb.mime_renderers``): myst-nb drops
+  plotly's ``application/vnd.plotly.v1+json`` outputs, so figures would vanish from the
+  book; this renders each into a div and an inline script, with no CDN reference.
+* ``setup``: a Sphinx extension that drops sphinx-thebe's scripts (see ``_drop_thebe``) and copies the ``plotly.min.js`` shipped in the plotly
+  wheel into ``_static/`` and adds it only to pages that have a figure.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PLOTLY_JS = "plotly.min.js"
+
+
+class PlotlyMimeRenderer:
+    # (builder, mime type, priority): lower is preferred; text/html is 30.
+    mime_priority_overrides = [(b, PLOTLY_MIME, 5) for b in ("html", "dirhtml", "singlehtml")]
+
+    @staticmethod
+    def handle_mime(renderer, data, inline):
+        if inline or data.mime_type != PLOTLY_MIME:
+            return None
+        import plotly.io as pio
+        from docutils import nodes
+
+        html = pio.to_html(
+            data.content, include_plotlyjs=False, include_mathjax=False, full_html=False,
+            default_width="100%", default_height=480, validate=False,
+            config={"displaylogo": False},
+        )
+        return [nodes.raw("", html, format="html", classes=["output", "text_html"])]
+
+
+def _add_plotly_js(app, pagename, templatename, context, doctree):
+    if doctree is not None and "plotly-graph-div" in context.get("body", ""):
+        app.add_js_file(PLOTLY_JS, priority=200)
+
+
+def _copy_plotly_js(app, exc):
+    if exc is None and app.builder.format == "html":
+        import plotly
+
+        src = Path(plotly.__file__).parent / "package_data" / PLOTLY_JS
+        shutil.copyfile(src, Path(app.outdir) / "_static" / PLOTLY_JS)
+
+
+def _is_thebe(script) -> bool:
+    body = (getattr(script, "attributes", None) or {}).get("body") or ""
+    return "THEBE_JS_URL" in body or str(getattr(script, "filename", script)).endswith("sphinx-thebe.js")
+
+
+def _drop_thebe(app, pagename, templatename, context, doctree):
+    """Remove sphinx-thebe's scripts (a Jupyter Book default).
+
+    Thebe runs code on a live Jupyter server, which an offline static book has not; and
+    sphinx-thebe 0.3.1 adds its inline config twice, a page error in every browser
+    ("Identifier 'THEBE_JS_URL' has already been declared").
+    """
+    context["script_files"] = [s for s in context.get("script_files", []) if not _is_thebe(s)]
+
+
+def setup(app):
+    app.connect("html-page-context", _add_plotly_js)
+    app.connect("html-page-context", _drop_thebe, priority=900)  # after every script is added
+    app.connect("build-finished", _copy_plotly_js)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
