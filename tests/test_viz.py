@@ -44,3 +44,8 @@ def test_line_chart_and_mask_gallery():
 def test_bar_chart():
     fig = viz.bar_chart(['a', 'b'], [1e-7, 0.5], y_title='error', log_y=True)
     assert fig.layout.yaxis.type == 'log' and list(fig.data[0].x) == ['a', 'b']
+
+
+def test_repeated_tokens_stay_distinct_on_the_axes():
+    fig = viz.attention_heatmap(torch.ones(1, 3, 3) / 3, ["the", "cat", "the"], ["the", "cat", "the"])
+    assert len(set(fig.data[0].y)) == 3

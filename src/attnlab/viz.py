@@ -22,6 +22,14 @@ def _np(x) -> np.ndarray:
     return x.detach().cpu().double().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=float)
 
 
+def _axis_labels(labels):
+    """Tokens as axis labels; plotly merges equal category names, so repeats get their position."""
+    if labels is None:
+        return None
+    labels = [str(t) for t in labels]
+    return labels if len(set(labels)) == len(labels) else [f"{t} ({i})" for i, t in enumerate(labels)]
+
+
 def _slider(labels: Sequence[str], steps_args: Sequence[list], prefix: str, active: int = 0) -> dict:
     """A plotly slider whose i-th step applies ``steps_args[i]`` with the "update" method."""
     return dict(
@@ -42,8 +50,7 @@ def heatmap_slider(
     """
     mats = _np(matrices)
     zmax = float(mats.max()) if zmax is None else zmax
-    x = list(x_labels) if x_labels is not None else None
-    y = list(y_labels) if y_labels is not None else None
+    x, y = _axis_labels(x_labels), _axis_labels(y_labels)
     fig = go.Figure(go.Heatmap(
         z=mats[active], x=x, y=y, zmin=zmin, zmax=zmax, colorscale=colorscale,
         hovertemplate="query %{y}<br>key %{x}<br>value %{z:.3f}<extra></extra>",
