@@ -8,9 +8,8 @@ VENV_STAMP := $(VENV)/.installed
 VENDOR := book/_static/vendor
 VENDOR_STAMP := $(VENDOR)/.installed
 PORT ?= 8000
-# One torch thread per process: tests run two workers on two cores.
-export OMP_NUM_THREADS ?= 1
-export MKL_NUM_THREADS ?= 1
+# One torch thread per worker when tests run two workers on two cores.
+ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 .PHONY: help setup book test test-lib test-notebooks test-wheel test-browser serve lab clean lock strip record chromium
@@ -50,14 +49,14 @@ test: setup chromium
 	$(MAKE) test-browser
 
 test-lib:
-	$(PY) -m pytest tests -m "not browser" -q -n 2
+	$(ONE_THREAD) $(PY) -m pytest tests -m "not browser" -q -n 2
 
 # nbval runs on copies of the notebooks in an empty folder away from the repository, so
 # nothing may be read by a repository-relative path (what a Colab reader gets).
 test-notebooks:
 	$(PY) scripts/strip_outputs.py --check notebooks/*.ipynb
 	d=$$(mktemp -d) && cp notebooks/*.ipynb "$$d"/ && cd "$$d" && \
-	  $(CURDIR)/$(PY) -m pytest -p no:cacheprovider --rootdir "$$d" --nbval-lax -n 2 --dist loadfile \
+	  $(ONE_THREAD) $(CURDIR)/$(PY) -m pytest -p no:cacheprovider --rootdir "$$d" --nbval-lax -n 2 --dist loadfile \
 	    --nbval-sanitize-with $(CURDIR)/tests/nbval_sanitize.cfg *.ipynb; \
 	  rc=$$?; rm -rf "$$d"; exit $$rc
 
