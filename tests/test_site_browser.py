@@ -97,7 +97,7 @@ def test_chapter_figures_sliders_quiz_and_math(browser, base_url, path):
 
     # Every kernel-free slider: clicking the far end of its rail changes the figure's title and data.
     sliders = page.locator(".plotly-graph-div:has(.slider-container)")
-    assert sliders.count() >= 3
+    assert sliders.count() >= 1
     state = "el => JSON.stringify([el.layout.title.text, el.data.map(t => t.z || t.y)])"
     for i in range(sliders.count()):
         fig = sliders.nth(i)

@@ -49,3 +49,18 @@ def test_bar_chart():
 def test_repeated_tokens_stay_distinct_on_the_axes():
     fig = viz.attention_heatmap(torch.ones(1, 3, 3) / 3, ["the", "cat", "the"], ["the", "cat", "the"])
     assert len(set(fig.data[0].y)) == 3
+
+
+def test_heatmap_and_curve_updates_both_traces():
+    fig = viz.heatmap_and_curve([torch.zeros(2, 3), torch.ones(4, 4)], [0, 1], [[0, 1], [1, 0]], ["a", "b"], ["A", "B"])
+    data, layout, traces = fig.layout.sliders[0].steps[1].args
+    assert list(traces) == [0, 1] and layout["title.text"] == "B"
+    assert list(data["y"][1]) == [1, 0] and len(data["z"][0]) == 4
+
+
+def test_line_slider_switches_x_and_y_of_every_series():
+    steps = [{"a": ([1, 2], [3, 4]), "opt": ([1], [3])}, {"a": ([5, 6], [7, 8]), "opt": ([6], [8])}]
+    fig = viz.line_slider(steps, ["s0", "s1"], ["T0", "T1"], x_title="x", y_title="y", points=["opt"])
+    data, layout, traces = fig.layout.sliders[0].steps[1].args
+    assert list(traces) == [0, 1] and list(data["x"][0]) == [5, 6] and layout["title.text"] == "T1"
+    assert fig.data[1].mode == "markers"

@@ -17,3 +17,9 @@ def test_attention_explorer_redraws():
 def test_memory_explorer_redraws():
     box = memory_explorer([16, 32])
     box.children[0].children[1].value = 4
+
+
+def test_positional_explorer_redraws():
+    from attnlab.widgets import positional_explorer
+    box = positional_explorer(16)
+    box.children[0].children[0].value = 8

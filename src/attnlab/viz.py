@@ -120,6 +120,32 @@ def bar_chart(labels: Sequence[str], values, *, y_title: str, title: str = "", l
     return fig
 
 
+def line_slider(
+    steps: Sequence[Mapping[str, tuple]], labels: Sequence[str], titles: Sequence[str], *, x_title: str,
+    y_title: str, prefix: str = "", log_x: bool = False, log_y: bool = False, points: Sequence[str] = (),
+    active: int = 0, height: int = 460,
+) -> go.Figure:
+    """Lines whose data a kernel-free slider switches: one {name: (x, y)} mapping per step.
+
+    Every step must name the same series; names in ``points`` are drawn as markers.
+    """
+    names = list(steps[0])
+    fig = go.Figure()
+    for name in names:
+        x, y = steps[active][name]
+        fig.add_trace(go.Scatter(x=_np(x), y=_np(y), name=name, mode="markers" if name in points else "lines",
+                                 marker=dict(size=11, symbol="x") if name in points else None))
+    slider_steps = [[{"x": [_np(step[nm][0]) for nm in names], "y": [_np(step[nm][1]) for nm in names]},
+                     {"title.text": t}, list(range(len(names)))] for step, t in zip(steps, titles)]
+    fig.update_layout(
+        title=dict(text=titles[active]), height=height,
+        xaxis=dict(title=dict(text=x_title), type="log" if log_x else "linear"),
+        yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"),
+        sliders=[_slider(labels, slider_steps, prefix, active)],
+    )
+    return fig
+
+
 def saturation_explorer(
     x, metrics: Mapping[str, object], example_rows, *, x_title: str, x_symbol: str,
     log_x: bool = True, dashed: Sequence[str] = (), title: str = "",
@@ -157,6 +183,33 @@ def saturation_explorer(
     fig.update_layout(shapes=[marker], title=dict(text=step_title[0]), height=600, margin=dict(b=170),
                       sliders=[_slider([f"{v:g}" for v in xs], steps, f"{x_symbol} = ")],
                       legend=dict(orientation="h", y=-0.55, yanchor="top"))
+    return fig
+
+
+def heatmap_and_curve(
+    matrices, curve_x, curves, labels: Sequence[str], titles: Sequence[str], *, prefix: str = "",
+    heat_title: str = "", curve_title: str = "", heat_axes=("column", "row"), curve_axes=("x", "y"),
+    active: int = 0, colorscale: str = "RdBu", zmid: float | None = 0.0,
+) -> go.Figure:
+    """A heatmap and a curve side by side; a kernel-free slider switches both together.
+
+    matrices: one 2-d array per step (shapes may differ); curves: one 1-d array per step,
+    drawn against ``curve_x``; labels and titles: one per step.
+    """
+    mats = [_np(m) for m in matrices]
+    ys = [_np(c) for c in curves]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], subplot_titles=(heat_title, curve_title),
+                        horizontal_spacing=0.12)
+    fig.add_trace(go.Heatmap(z=mats[active], colorscale=colorscale, zmid=zmid, colorbar=dict(x=0.46, len=0.9)),
+                  row=1, col=1)
+    fig.add_trace(go.Scatter(x=_np(curve_x), y=ys[active], mode="lines", showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text=heat_axes[0], row=1, col=1)
+    fig.update_yaxes(title_text=heat_axes[1], autorange="reversed", row=1, col=1)
+    fig.update_xaxes(title_text=curve_axes[0], row=1, col=2)
+    fig.update_yaxes(title_text=curve_axes[1], row=1, col=2)
+    steps = [[{"z": [m, None], "y": [None, y]}, {"title.text": t}, [0, 1]] for m, y, t in zip(mats, ys, titles)]
+    fig.update_layout(title=dict(text=titles[active]), height=500,
+                      sliders=[_slider(labels, steps, prefix, active)])
     return fig
 
 
