@@ -123,18 +123,22 @@ def bar_chart(labels: Sequence[str], values, *, y_title: str, title: str = "", l
 def line_slider(
     steps: Sequence[Mapping[str, tuple]], labels: Sequence[str], titles: Sequence[str], *, x_title: str,
     y_title: str, prefix: str = "", log_x: bool = False, log_y: bool = False, points: Sequence[str] = (),
-    active: int = 0, height: int = 460,
+    active: int = 0, height: int = 460, colors: Mapping[str, str] | None = None,
 ) -> go.Figure:
     """Lines whose data a kernel-free slider switches: one {name: (x, y)} mapping per step.
 
-    Every step must name the same series; names in ``points`` are drawn as markers.
+    Every step must name the same series; names in ``points`` are drawn as markers;
+    ``colors`` optionally fixes a series' colour (to pair a marker with its line, say).
     """
     names = list(steps[0])
+    colors = colors or {}
     fig = go.Figure()
     for name in names:
         x, y = steps[active][name]
         fig.add_trace(go.Scatter(x=_np(x), y=_np(y), name=name, mode="markers" if name in points else "lines",
-                                 marker=dict(size=11, symbol="x") if name in points else None))
+                                 line=dict(color=colors.get(name)), marker=dict(
+                                     size=11 if name in points else 6, symbol="x" if name in points else "circle",
+                                     color=colors.get(name))))
     slider_steps = [[{"x": [_np(step[nm][0]) for nm in names], "y": [_np(step[nm][1]) for nm in names]},
                      {"title.text": t}, list(range(len(names)))] for step, t in zip(steps, titles)]
     fig.update_layout(
@@ -198,10 +202,9 @@ def heatmap_and_curve(
     """
     mats = [_np(m) for m in matrices]
     ys = [_np(c) for c in curves]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.55, 0.45], subplot_titles=(heat_title, curve_title),
-                        horizontal_spacing=0.12)
-    fig.add_trace(go.Heatmap(z=mats[active], colorscale=colorscale, zmid=zmid, colorbar=dict(x=0.46, len=0.9)),
-                  row=1, col=1)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(heat_title, curve_title), horizontal_spacing=0.22)
+    fig.add_trace(go.Heatmap(z=mats[active], colorscale=colorscale, zmid=zmid,
+                             colorbar=dict(x=0.41, len=0.9, thickness=12)), row=1, col=1)
     fig.add_trace(go.Scatter(x=_np(curve_x), y=ys[active], mode="lines", showlegend=False), row=1, col=2)
     fig.update_xaxes(title_text=heat_axes[0], row=1, col=1)
     fig.update_yaxes(title_text=heat_axes[1], autorange="reversed", row=1, col=1)
