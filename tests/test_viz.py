@@ -64,3 +64,13 @@ def test_line_slider_switches_x_and_y_of_every_series():
     data, layout, traces = fig.layout.sliders[0].steps[1].args
     assert list(traces) == [0, 1] and list(data["x"][0]) == [5, 6] and layout["title.text"] == "T1"
     assert fig.data[1].mode == "markers"
+
+
+def test_tile_replay_moves_the_outline():
+    w = torch.full((2, 4, 4), float("nan"))
+    w[0, :2, :2], w[1, :2] = 0.5, 0.25
+    fig = viz.tile_replay(w, [(0, 2, 0, 2), (0, 2, 2, 4)], {"m": [torch.zeros(4), torch.ones(4)]},
+                          {"final": torch.ones(4)}, ["t1", "t2"])
+    data, layout, traces = fig.layout.sliders[0].steps[1].args
+    assert layout["shapes[0].x0"] == 1.5 and list(traces) == [0, 1]
+    assert fig.layout.shapes[0].x1 == 1.5

@@ -216,6 +216,46 @@ def heatmap_and_curve(
     return fig
 
 
+def tile_replay(
+    weight_steps, tiles: Sequence[tuple[int, int, int, int]], state_steps: Mapping[str, Sequence],
+    finals: Mapping[str, object], titles: Sequence[str],
+) -> go.Figure:
+    """Replay a tiled computation: a kernel-free slider walks through the tiles.
+
+    weight_steps: (s, n, m), the attention weights of the tiles processed so far (NaN elsewhere);
+    tiles: (q0, q1, k0, k1) of the tile processed at each step, outlined on the left;
+    state_steps: name -> s arrays of shape (n,), running per-row state drawn on the right;
+    finals: name -> (n,), final values drawn dashed for comparison.
+    """
+    ws = _np(weight_steps)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("weights of the tiles processed so far", "running state per query row"),
+                        horizontal_spacing=0.14)
+    fig.add_trace(go.Heatmap(z=ws[0], zmin=0, zmax=float(np.nanmax(ws[-1])), colorscale=HEATMAP_SCALE,
+                             colorbar=dict(x=0.43, len=0.9, thickness=12)), row=1, col=1)
+    names = list(state_steps)
+    for i, name in enumerate(names):
+        fig.add_trace(go.Scatter(y=_np(state_steps[name][0]), name=name, mode="lines+markers",
+                                 line=dict(color=PALETTE[i % len(PALETTE)])), row=1, col=2)
+    for i, (name, values) in enumerate(finals.items()):
+        fig.add_trace(go.Scatter(y=_np(values), name=name, mode="lines",
+                                 line=dict(dash="dash", color=PALETTE[(i + len(names)) % len(PALETTE)])), row=1, col=2)
+    fig.update_yaxes(autorange="reversed", title_text="query i", row=1, col=1)
+    fig.update_xaxes(title_text="key j", row=1, col=1)
+    fig.update_xaxes(title_text="query row i", row=1, col=2)
+
+    def outline(tile):
+        q0, q1, k0, k1 = tile
+        return {"shapes[0].x0": k0 - 0.5, "shapes[0].x1": k1 - 0.5, "shapes[0].y0": q0 - 0.5, "shapes[0].y1": q1 - 0.5}
+
+    steps = [[{"z": [ws[t]] + [None] * len(names), "y": [None] + [_np(state_steps[nm][t]) for nm in names]},
+              {"title.text": titles[t], **outline(tiles[t])}, list(range(len(names) + 1))] for t in range(len(ws))]
+    rect = dict(type="rect", xref="x", yref="y", line=dict(color="crimson", width=3), **{
+        k.split(".")[1]: v for k, v in outline(tiles[0]).items()})
+    fig.update_layout(title=dict(text=titles[0]), height=520, shapes=[rect], legend=dict(orientation="h", y=-0.45),
+                      sliders=[_slider([str(t + 1) for t in range(len(ws))], steps, "tile ")], margin=dict(b=150))
+    return fig
+
+
 def memory_chart(
     ns, elements: Mapping[str, object], *, dtype_bytes: Mapping[str, int] = DTYPE_BYTES,
     limits: Mapping[str, float] | None = None, title: str = "Memory against sequence length",

@@ -22,6 +22,14 @@ def _np(x) -> np.ndarray:
     return x.detach().cpu().double().numpy() if hasattr(x, "detach") else np.asarray(x, dtype=float)
 
 
+def _axis_labels(labels):
+    """Tokens as axis labels; plotly merges equal category names, so repeats get their position."""
+    if labels is None:
+        return None
+    labels = [str(t) for t in labels]
+    return labels if len(set(labels)) == len(labels) else [f"{t} ({i})" for i, t in enumerate(labels)]
+
+
 def _slider(labels: Sequence[str], steps_args: Sequence[list], prefix: str, active: int = 0) -> dict:
     """A plotly slider whose i-th step applies ``steps_args[i]`` with the "update" method."""
     return dict(
@@ -42,8 +50,7 @@ def heatmap_slider(
     """
     mats = _np(matrices)
     zmax = float(mats.max()) if zmax is None else zmax
-    x = list(x_labels) if x_labels is not None else None
-    y = list(y_labels) if y_labels is not None else None
+    x, y = _axis_labels(x_labels), _axis_labels(y_labels)
     fig = go.Figure(go.Heatmap(
         z=mats[active], x=x, y=y, zmin=zmin, zmax=zmax, colorscale=colorscale,
         hovertemplate="query %{y}<br>key %{x}<br>value %{z:.3f}<extra></extra>",
@@ -113,6 +120,36 @@ def bar_chart(labels: Sequence[str], values, *, y_title: str, title: str = "", l
     return fig
 
 
+def line_slider(
+    steps: Sequence[Mapping[str, tuple]], labels: Sequence[str], titles: Sequence[str], *, x_title: str,
+    y_title: str, prefix: str = "", log_x: bool = False, log_y: bool = False, points: Sequence[str] = (),
+    active: int = 0, height: int = 460, colors: Mapping[str, str] | None = None,
+) -> go.Figure:
+    """Lines whose data a kernel-free slider switches: one {name: (x, y)} mapping per step.
+
+    Every step must name the same series; names in ``points`` are drawn as markers;
+    ``colors`` optionally fixes a series' colour (to pair a marker with its line, say).
+    """
+    names = list(steps[0])
+    colors = colors or {}
+    fig = go.Figure()
+    for name in names:
+        x, y = steps[active][name]
+        fig.add_trace(go.Scatter(x=_np(x), y=_np(y), name=name, mode="markers" if name in points else "lines",
+                                 line=dict(color=colors.get(name)), marker=dict(
+                                     size=11 if name in points else 6, symbol="x" if name in points else "circle",
+                                     color=colors.get(name))))
+    slider_steps = [[{"x": [_np(step[nm][0]) for nm in names], "y": [_np(step[nm][1]) for nm in names]},
+                     {"title.text": t}, list(range(len(names)))] for step, t in zip(steps, titles)]
+    fig.update_layout(
+        title=dict(text=titles[active]), height=height,
+        xaxis=dict(title=dict(text=x_title), type="log" if log_x else "linear"),
+        yaxis=dict(title=dict(text=y_title), type="log" if log_y else "linear"),
+        sliders=[_slider(labels, slider_steps, prefix, active)],
+    )
+    return fig
+
+
 def saturation_explorer(
     x, metrics: Mapping[str, object], example_rows, *, x_title: str, x_symbol: str,
     log_x: bool = True, dashed: Sequence[str] = (), title: str = "",
@@ -150,6 +187,72 @@ def saturation_explorer(
     fig.update_layout(shapes=[marker], title=dict(text=step_title[0]), height=600, margin=dict(b=170),
                       sliders=[_slider([f"{v:g}" for v in xs], steps, f"{x_symbol} = ")],
                       legend=dict(orientation="h", y=-0.55, yanchor="top"))
+    return fig
+
+
+def heatmap_and_curve(
+    matrices, curve_x, curves, labels: Sequence[str], titles: Sequence[str], *, prefix: str = "",
+    heat_title: str = "", curve_title: str = "", heat_axes=("column", "row"), curve_axes=("x", "y"),
+    active: int = 0, colorscale: str = "RdBu", zmid: float | None = 0.0,
+) -> go.Figure:
+    """A heatmap and a curve side by side; a kernel-free slider switches both together.
+
+    matrices: one 2-d array per step (shapes may differ); curves: one 1-d array per step,
+    drawn against ``curve_x``; labels and titles: one per step.
+    """
+    mats = [_np(m) for m in matrices]
+    ys = [_np(c) for c in curves]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(heat_title, curve_title), horizontal_spacing=0.22)
+    fig.add_trace(go.Heatmap(z=mats[active], colorscale=colorscale, zmid=zmid,
+                             colorbar=dict(x=0.41, len=0.9, thickness=12)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=_np(curve_x), y=ys[active], mode="lines", showlegend=False), row=1, col=2)
+    fig.update_xaxes(title_text=heat_axes[0], row=1, col=1)
+    fig.update_yaxes(title_text=heat_axes[1], autorange="reversed", row=1, col=1)
+    fig.update_xaxes(title_text=curve_axes[0], row=1, col=2)
+    fig.update_yaxes(title_text=curve_axes[1], row=1, col=2)
+    steps = [[{"z": [m, None], "y": [None, y]}, {"title.text": t}, [0, 1]] for m, y, t in zip(mats, ys, titles)]
+    fig.update_layout(title=dict(text=titles[active]), height=500,
+                      sliders=[_slider(labels, steps, prefix, active)])
+    return fig
+
+
+def tile_replay(
+    weight_steps, tiles: Sequence[tuple[int, int, int, int]], state_steps: Mapping[str, Sequence],
+    finals: Mapping[str, object], titles: Sequence[str],
+) -> go.Figure:
+    """Replay a tiled computation: a kernel-free slider walks through the tiles.
+
+    weight_steps: (s, n, m), the attention weights of the tiles processed so far (NaN elsewhere);
+    tiles: (q0, q1, k0, k1) of the tile processed at each step, outlined on the left;
+    state_steps: name -> s arrays of shape (n,), running per-row state drawn on the right;
+    finals: name -> (n,), final values drawn dashed for comparison.
+    """
+    ws = _np(weight_steps)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("weights of the tiles processed so far", "running state per query row"),
+                        horizontal_spacing=0.14)
+    fig.add_trace(go.Heatmap(z=ws[0], zmin=0, zmax=float(np.nanmax(ws[-1])), colorscale=HEATMAP_SCALE,
+                             colorbar=dict(x=0.43, len=0.9, thickness=12)), row=1, col=1)
+    names = list(state_steps)
+    for i, name in enumerate(names):
+        fig.add_trace(go.Scatter(y=_np(state_steps[name][0]), name=name, mode="lines+markers",
+                                 line=dict(color=PALETTE[i % len(PALETTE)])), row=1, col=2)
+    for i, (name, values) in enumerate(finals.items()):
+        fig.add_trace(go.Scatter(y=_np(values), name=name, mode="lines",
+                                 line=dict(dash="dash", color=PALETTE[(i + len(names)) % len(PALETTE)])), row=1, col=2)
+    fig.update_yaxes(autorange="reversed", title_text="query i", row=1, col=1)
+    fig.update_xaxes(title_text="key j", row=1, col=1)
+    fig.update_xaxes(title_text="query row i", row=1, col=2)
+
+    def outline(tile):
+        q0, q1, k0, k1 = tile
+        return {"shapes[0].x0": k0 - 0.5, "shapes[0].x1": k1 - 0.5, "shapes[0].y0": q0 - 0.5, "shapes[0].y1": q1 - 0.5}
+
+    steps = [[{"z": [ws[t]] + [None] * len(names), "y": [None] + [_np(state_steps[nm][t]) for nm in names]},
+              {"title.text": titles[t], **outline(tiles[t])}, list(range(len(names) + 1))] for t in range(len(ws))]
+    rect = dict(type="rect", xref="x", yref="y", line=dict(color="crimson", width=3), **{
+        k.split(".")[1]: v for k, v in outline(tiles[0]).items()})
+    fig.update_layout(title=dict(text=titles[0]), height=520, shapes=[rect], legend=dict(orientation="h", y=-0.45),
+                      sliders=[_slider([str(t + 1) for t in range(len(ws))], steps, "tile ")], margin=dict(b=150))
     return fig
 
 

@@ -7,10 +7,20 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import torch
-from IPython.display import display
 
 from . import viz
 from .attention import attention_entropy, masked_softmax
+
+
+def show(out: widgets.Output, fig) -> None:
+    """Replace what ``out`` shows with ``fig``.
+
+    Sets the Output widget's state directly instead of capturing a display call: nbclient
+    (which executes the book) stalls until its timeout when a large figure is captured
+    into an Output widget.
+    """
+    out.outputs = ()
+    out.append_display_data(fig)
 
 
 def attention_explorer(scores: torch.Tensor, tokens=None) -> widgets.Widget:
@@ -29,9 +39,7 @@ def attention_explorer(scores: torch.Tensor, tokens=None) -> widgets.Widget:
         entropy = attention_entropy(weights).mean()
         fig = viz.attention_heatmap(weights.unsqueeze(0), tokens, tokens, entropy=entropy.reshape(1),
                                     names=[f"head {head.value}, β = {beta.value:.2f}"])
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
+        show(out, fig)
 
     beta.observe(redraw, "value")
     head.observe(redraw, "value")
@@ -57,11 +65,34 @@ def memory_explorer(lengths=None) -> widgets.Widget:
         fig = viz.memory_chart(lengths, {"one head, one layer": per_head,
                                          f"{batch.value} × {heads.value} heads × {layers.value} layers": total},
                                limits={"24 GiB": 24 * 2**30, "80 GB": 80e9})
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
+        show(out, fig)
 
     for w in (batch, heads, layers):
         w.observe(redraw, "value")
     redraw()
     return widgets.VBox([widgets.HBox([batch, heads, layers]), out])
+
+
+def positional_explorer(n: int = 128) -> widgets.Widget:
+    """Sliders for the width d and the base of the sinusoidal encoding.
+
+    Shows the (n, d) table and the similarity PE_0 · PE_k / (d/2) against the offset k.
+    """
+    from .positional import sinusoidal_encoding
+
+    width = widgets.IntSlider(value=64, min=4, max=512, step=4, description="d")
+    base = widgets.FloatLogSlider(value=10000, base=10, min=1, max=5, step=0.25, description="base")
+    out = widgets.Output()
+
+    def redraw(*_):
+        pe = sinusoidal_encoding(n, width.value, base.value, dtype=torch.float64)
+        title = f"d = {width.value}, base = {base.value:.0f}"
+        fig = viz.heatmap_and_curve([pe], list(range(n)), [pe @ pe[0] / (width.value / 2)], [title], [title],
+                                    heat_title="PE table", curve_title="PE_0 · PE_k / (d/2)",
+                                    heat_axes=("dimension", "position"), curve_axes=("offset k", "similarity"))
+        show(out, fig)
+
+    width.observe(redraw, "value")
+    base.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([widgets.HBox([width, base]), out])

@@ -3,8 +3,9 @@
 * ``PlotlyMimeRenderer`` (entry point group ``myst_nb.mime_renderers``): myst-nb drops
   plotly's ``application/vnd.plotly.v1+json`` outputs, so figures would vanish from the
   book; this renders each into a div and an inline script, with no CDN reference.
-* ``setup``: a Sphinx extension that drops sphinx-thebe's scripts (see ``_drop_thebe``) and copies the ``plotly.min.js`` shipped in the plotly
-  wheel into ``_static/`` and adds it only to pages that have a figure.
+* ``setup``: a Sphinx extension that copies the ``plotly.min.js`` shipped in the plotly
+  wheel into ``_static/`` and adds it only to pages that have a figure, and drops scripts an
+  offline page must not load (``_drop_thebe``, ``_drop_idle_widget_manager``).
 """
 from __future__ import annotations
 
@@ -62,8 +63,20 @@ def _drop_thebe(app, pagename, templatename, context, doctree):
     context["script_files"] = [s for s in context.get("script_files", []) if not _is_thebe(s)]
 
 
+def _drop_idle_widget_manager(app, pagename, templatename, context, doctree):
+    """Load the 1.9 MB widget manager only on pages that show a widget.
+
+    myst-nb adds it to every page of a notebook that stored widget state, even when every
+    widget output was removed from the page (our live-only cells are tagged remove-output).
+    """
+    if "widget-view+json" not in context.get("body", ""):
+        context["script_files"] = [s for s in context.get("script_files", [])
+                                   if not str(getattr(s, "filename", s)).endswith("html-manager/embed.js")]
+
+
 def setup(app):
     app.connect("html-page-context", _add_plotly_js)
     app.connect("html-page-context", _drop_thebe, priority=900)  # after every script is added
+    app.connect("html-page-context", _drop_idle_widget_manager, priority=900)
     app.connect("build-finished", _copy_plotly_js)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,191 @@
+"""FlashAttention in PyTorch: tiling, the online softmax, and a backward pass that recomputes.
+
+Read alongside: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax";
+Dao et al. 2022, "FlashAttention" (Algorithms 1 and 2, Theorem 2); Dao 2023,
+"FlashAttention-2" (the loop order and the log-sum-exp saved for the backward pass).
+
+Shapes as in :mod:`attnlab.attention`: q (b, h, n, d), k and v (b, h_kv, m, d).
+Tiles: block_q queries by block_k keys; no n x m matrix exists in either pass. This is a
+teaching implementation in plain PyTorch: on a CPU it saves memory, not time; on a GPU the
+same loop order is what a fused kernel runs in on-chip SRAM.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .attention import _check_shapes, repeat_kv
+
+DEFAULT_BLOCK = 256  # benchmarks/flash_tiles.py: 256-wide tiles are the fastest on a 2-core CPU
+
+
+def online_softmax(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    r"""Softmax over the last axis, reading it ``block`` entries at a time.
+
+    Keeps a running maximum m and normaliser ℓ; for each new block s:
+
+    .. math:: m' = \max(m, \max_j s_j), \qquad \ell' = e^{m - m'}\ell + \sum_j e^{s_j - m'}
+
+    Returns (softmax (..., m), final max (...,), final normaliser (...,)); the softmax uses the
+    final m and ℓ, which is what a second pass (or FlashAttention's rescaled output) needs.
+    """
+    running_max = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
+    normaliser = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    for start in range(0, x.shape[-1], block):
+        s = x[..., start:start + block]
+        new_max = torch.maximum(running_max, s.amax(-1))
+        safe = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
+        normaliser = normaliser * torch.exp(running_max - safe) + torch.exp(s - safe.unsqueeze(-1)).sum(-1)
+        running_max = new_max
+    safe = torch.where(torch.isneginf(running_max), torch.zeros_like(running_max), running_max)
+    probs = torch.exp(x - safe.unsqueeze(-1)) / normaliser.clamp_min(torch.finfo(x.dtype).tiny).unsqueeze(-1)
+    return probs, running_max, normaliser
+
+
+def _tile_mask(q0: int, q1: int, k0: int, k1: int, offset: int, device) -> torch.Tensor:
+    """Causal mask of one tile (True = may attend): key j <= query i + offset."""
+    i = torch.arange(q0, q1, device=device).unsqueeze(-1)
+    j = torch.arange(k0, k1, device=device)
+    return j <= i + offset
+
+
+def _tiles(n: int, m: int, block_q: int, block_k: int, causal: bool):
+    """Yield (q0, q1, k0, k1, needs_mask) for every tile that has at least one allowed entry."""
+    offset = m - n
+    for q0 in range(0, n, block_q):
+        q1 = min(q0 + block_q, n)
+        for k0 in range(0, m, block_k):
+            k1 = min(k0 + block_k, m)
+            if causal and k0 > q1 - 1 + offset:
+                break                              # this tile and every later one is fully masked
+            yield q0, q1, k0, k1, causal and k1 - 1 > q0 + offset
+
+
+def _forward(q, k, v, scale, causal, block_q, block_k, trace=None):
+    """Tiled forward: returns the output (b, h, n, d_v) and the log-sum-exp per row (b, h, n).
+
+    If ``trace`` is a list, a snapshot of the running state is appended after every tile.
+    """
+    n, m = q.shape[-2], k.shape[-2]
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    row_max = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+    row_sum = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    for q0, q1, k0, k1, needs_mask in _tiles(n, m, block_q, block_k, causal):
+        s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale          # (b, h, Bq, Bk)
+        if needs_mask:
+            s = s.masked_fill(~_tile_mask(q0, q1, k0, k1, m - n, q.device), float("-inf"))
+        m_old = row_max[..., q0:q1]
+        m_new = torch.maximum(m_old, s.amax(-1))
+        m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - m_safe.unsqueeze(-1))
+        correction = torch.exp(m_old - m_safe)
+        row_sum[..., q0:q1] = row_sum[..., q0:q1] * correction + p.sum(-1)
+        out[..., q0:q1, :] = out[..., q0:q1, :] * correction.unsqueeze(-1) + p @ v[..., k0:k1, :]
+        row_max[..., q0:q1] = m_new
+        if trace is not None:
+            trace.append({"tile": (q0, q1, k0, k1), "row_max": row_max.clone(), "row_sum": row_sum.clone(),
+                          "out": out / row_sum.clamp_min(torch.finfo(row_sum.dtype).tiny).unsqueeze(-1)})
+    empty = row_sum == 0                                                           # no allowed key at all
+    out = out / torch.where(empty, torch.ones_like(row_sum), row_sum).unsqueeze(-1)
+    lse = torch.where(empty, torch.full_like(row_sum, float("inf")), row_max + torch.log(row_sum))
+    return out, lse
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, scale, causal, block_q, block_k):
+        out, lse = _forward(q, k, v, scale, causal, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = (scale, causal, block_q, block_k)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        r"""Recompute each tile's probabilities from the saved log-sum-exp, then
+
+        .. math:: dV_j \mathrel{+}= P^\top dO_i, \quad dP = dO_i V_j^\top, \quad
+                  dS = P \odot (dP - D_i), \quad dQ_i \mathrel{+}= dS\,K_j\,c, \quad dK_j \mathrel{+}= dS^\top Q_i\,c
+
+        with :math:`D_i = \mathrm{rowsum}(dO_i \odot O_i)` and c the scale.
+        """
+        q, k, v, out, lse = ctx.saved_tensors
+        scale, causal, block_q, block_k = ctx.config
+        n, m = q.shape[-2], k.shape[-2]
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        delta = (grad_out * out).sum(-1)                                            # D_i, (b, h, n)
+        for q0, q1, k0, k1, needs_mask in _tiles(n, m, block_q, block_k, causal):
+            qi, kj, vj = q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :]
+            s = qi @ kj.transpose(-2, -1) * scale
+            if needs_mask:
+                s = s.masked_fill(~_tile_mask(q0, q1, k0, k1, m - n, q.device), float("-inf"))
+            p = torch.exp(s - lse[..., q0:q1].unsqueeze(-1))                       # exact probabilities
+            do = grad_out[..., q0:q1, :]
+            dv[..., k0:k1, :] += p.transpose(-2, -1) @ do
+            ds = p * (do @ vj.transpose(-2, -1) - delta[..., q0:q1].unsqueeze(-1))
+            dq[..., q0:q1, :] += ds @ kj * scale
+            dk[..., k0:k1, :] += ds.transpose(-2, -1) @ qi * scale
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+    block_q: int | None = None, block_k: int | None = None, scale: float | None = None,
+) -> torch.Tensor:
+    r"""Exact attention computed tile by tile, forward and backward, never forming the n x m matrix.
+
+    .. math:: O = \mathrm{softmax}(QK^\top c)\,V, \quad c = 1/\sqrt{d} \text{ by default}
+
+    Args:
+        q: (b, h, n, d); k: (b, h_kv, m, d); v: (b, h_kv, m, d_v); h_kv divides h (GQA).
+        causal: bottom-right aligned causal mask (query i sees keys j <= i + m - n); tiles
+            that are fully masked are skipped.
+        block_q, block_k: tile sizes (default ``DEFAULT_BLOCK``); any n and m work.
+        scale: multiplies the scores; default 1 / sqrt(d).
+    Returns: (b, h, n, d_v). A query with no allowed key gets zeros.
+    """
+    _check_shapes(q, k, v)
+    if q.dim() != 4:
+        raise ValueError(f"flash_attention needs q of shape (b, h, n, d), got {tuple(q.shape)}")
+    block_q, block_k = block_q or DEFAULT_BLOCK, block_k or DEFAULT_BLOCK
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block_q and block_k must be positive, got {block_q} and {block_k}")
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # autograd sums the repeated heads' gradients back
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _FlashAttention.apply(q, k, v, scale, causal, block_q, block_k)
+
+
+def flash_trace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                block_q: int = 4, block_k: int = 4) -> tuple[torch.Tensor, list[dict]]:
+    """Run the tiled forward and return (output, one snapshot per processed tile), for replays.
+
+    Each snapshot holds the tile's bounds and the running max m, normaliser ℓ and output
+    (normalised by the ℓ so far) of every row, after that tile. Shapes as in :func:`flash_attention`
+    with h_kv = h.
+    """
+    trace: list[dict] = []
+    out, _ = _forward(q, k, v, 1.0 / math.sqrt(q.shape[-1]), causal, block_q, block_k, trace)
+    return out, trace
+
+
+def hbm_accesses_standard(n: int, d: int) -> int:
+    r"""HBM reads and writes (elements) of standard attention (Dao et al. 2022, Algorithm 0):
+
+    read Q, K (2nd), write S (n²); read S, write P (2n²); read P, V (n² + nd), write O (nd):
+    4nd + 4n², which is Θ(nd + n²).
+    """
+    return 4 * n * d + 4 * n * n
+
+
+def hbm_accesses_flash(n: int, d: int, sram: int) -> int:
+    r"""HBM reads and writes (elements) of FlashAttention's forward (Algorithm 1), for SRAM of ``sram`` elements.
+
+    Blocks B_c = ⌈M / 4d⌉ keys and B_r = min(B_c, d) queries. Every one of the T_c = ⌈n / B_c⌉
+    outer iterations loads its K_j, V_j once (2nd in total) and streams all of Q, O and the
+    row statistics through (≈ 2nd + 2nd + 2n per pass). Total Θ(n² d² / M) once M ≥ d².
+    """
+    block_c = math.ceil(sram / (4 * d))
+    passes = math.ceil(n / block_c)
+    return 2 * n * d + passes * (4 * n * d + 4 * n)

@@ -1,0 +1,67 @@
+"""In-context learning as an algorithm: linear self-attention that runs gradient descent.
+
+Read alongside: von Oswald et al. 2023, "Transformers Learn In-Context by Gradient Descent"
+(the construction here); Akyürek et al. 2023, "What Learning Algorithm Is In-Context
+Learning?" (ridge regression, closed form); Xie et al. 2022 (in-context learning as implicit
+Bayesian inference, a different explanation).
+
+Tokens are e_i = (x_i, y_i) in R^{d+1} for the N context examples and e_q = (x_test, 0) for the
+query; shapes (b, N + 1, d + 1), the query last.
+"""
+from __future__ import annotations
+
+import torch
+
+from .tasks import RegressionPrompts
+
+
+def prompt_tokens(prompts: RegressionPrompts) -> torch.Tensor:
+    """Stack the context pairs and the query (its y slot 0) into tokens (b, N + 1, d + 1)."""
+    context = torch.cat([prompts.x, prompts.y.unsqueeze(-1)], dim=-1)
+    query = torch.cat([prompts.x_test, torch.zeros_like(prompts.y_test).unsqueeze(-1)], dim=-1)
+    return torch.cat([context, query.unsqueeze(1)], dim=1)
+
+
+def linear_self_attention(tokens: torch.Tensor, w_kq: torch.Tensor, w_pv: torch.Tensor) -> torch.Tensor:
+    r"""One residual linear self-attention layer (no softmax), keys and values from the context only.
+
+    .. math:: e_j \leftarrow e_j + \frac1N \sum_{i=1}^{N} (W_{PV} e_i)\,(e_i^\top W_{KQ} e_j)
+
+    tokens: (b, N + 1, d + 1), the query last; w_kq, w_pv: (d + 1, d + 1).
+    """
+    context = tokens[:, :-1]
+    n = context.shape[1]
+    scores = context @ w_kq @ tokens.transpose(1, 2)             # (b, N, N + 1): e_iᵀ W_KQ e_j
+    return tokens + (scores.transpose(1, 2) @ (context @ w_pv.T)) / n
+
+
+def gd_weights(d: int, eta: float, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """von Oswald et al.'s weights: W_KQ reads x·x', W_PV writes -η y into the y slot."""
+    w_kq = torch.zeros(d + 1, d + 1, dtype=dtype)
+    w_kq[:d, :d] = torch.eye(d, dtype=dtype)
+    w_pv = torch.zeros(d + 1, d + 1, dtype=dtype)
+    w_pv[d, d] = -eta
+    return w_kq, w_pv
+
+
+def gd_predictions(prompts: RegressionPrompts, eta: float, steps: int) -> torch.Tensor:
+    r"""Predictions for x_test after 1..steps of gradient descent from w = 0, (steps, b).
+
+    Loss :math:`\frac{1}{2N}\sum_i (w\cdot x_i - y_i)^2`, update :math:`w \leftarrow w - \eta \nabla L`.
+    """
+    x, y = prompts.x, prompts.y
+    w = torch.zeros_like(prompts.x_test)
+    out = []
+    for _ in range(steps):
+        residual = torch.einsum("bnd,bd->bn", x, w) - y
+        w = w - eta * torch.einsum("bn,bnd->bd", residual, x) / x.shape[1]
+        out.append((w * prompts.x_test).sum(-1))
+    return torch.stack(out)
+
+
+def ridge_prediction(prompts: RegressionPrompts, lam: float) -> torch.Tensor:
+    r"""The ridge-regression prediction :math:`x_{test}^\top (X^\top X + \lambda I)^{-1} X^\top y`, (b,)."""
+    x, y = prompts.x, prompts.y
+    gram = x.transpose(1, 2) @ x + lam * torch.eye(x.shape[-1], dtype=x.dtype)
+    w = torch.linalg.solve(gram, (x.transpose(1, 2) @ y.unsqueeze(-1))).squeeze(-1)
+    return (w * prompts.x_test).sum(-1)

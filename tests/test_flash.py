@@ -1,0 +1,88 @@
+"""FlashAttention (tiled, recomputing backward) against the reference form and torch's SDPA."""
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+from attnlab.attention import causal_mask, scaled_dot_product_attention
+from attnlab.flash import flash_attention, flash_trace, hbm_accesses_flash, hbm_accesses_standard, online_softmax
+from attnlab.numerics import agrees, error_ratio
+
+
+def _qkv(b, h, h_kv, n, m, d, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, n, d, generator=g, dtype=dtype), torch.randn(b, h_kv, m, d, generator=g, dtype=dtype),
+            torch.randn(b, h_kv, m, d, generator=g, dtype=dtype))
+
+
+@given(st.integers(1, 70), st.integers(1, 70), st.sampled_from([(2, 2), (4, 1), (4, 2)]), st.sampled_from([1, 8, 16]),
+       st.sampled_from([4, 7, 16, 64]), st.sampled_from([3, 16, 256]), st.booleans(), st.integers(0, 999))
+def test_forward_agrees_with_torch(n, m, heads, d, block_q, block_k, causal, seed):
+    h, h_kv = heads
+    if causal:
+        n = min(n, m)
+    q, k, v = _qkv(1, h, h_kv, n, m, d, seed)
+    ours = flash_attention(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), causal=causal)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=causal_mask(n, m) if causal else None,
+                                            enable_gqa=h != h_kv)
+    scale = v.abs().max().item()
+    assert agrees(ours, theirs, exact, scale=scale), error_ratio(ours, theirs, exact, scale=scale)
+
+
+@given(st.integers(1, 40), st.integers(1, 40), st.booleans(), st.sampled_from([5, 16]), st.integers(0, 999))
+def test_gradients_equal_autograd_through_the_reference(n, m, causal, block, seed):
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 4, 2, n, m, 8, seed, torch.float64))
+    g = torch.randn(1, 4, n, 8, generator=torch.Generator().manual_seed(seed + 1), dtype=torch.float64)
+    ours = torch.autograd.grad((flash_attention(q, k, v, causal=causal, block_q=block, block_k=block) * g).sum(), (q, k, v))
+    ref = torch.autograd.grad((scaled_dot_product_attention(q, k, v, causal=causal) * g).sum(), (q, k, v))
+    for a, b in zip(ours, ref):
+        assert torch.allclose(a, b, atol=1e-10), (a - b).abs().max()
+
+
+def test_gradcheck():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 2, 1, 5, 7, 4, 0, torch.float64))
+    assert torch.autograd.gradcheck(lambda q, k, v: flash_attention(q, k, v, causal=True, block_q=2, block_k=3), (q, k, v))
+
+
+def test_empty_rows_give_zeros_and_finite_gradients():
+    q, k, v = (t.requires_grad_() for t in _qkv(1, 1, 1, 6, 3, 4, 1, torch.float64))
+    out = flash_attention(q, k, v, causal=True, block_q=2, block_k=2)        # queries 0-2 precede every key
+    assert torch.equal(out[0, 0, :3], torch.zeros(3, 4, dtype=torch.float64))
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_online_softmax_equals_softmax():
+    x = torch.randn(3, 5, 37, dtype=torch.float64)
+    probs, row_max, normaliser = online_softmax(x, block=8)
+    assert torch.allclose(probs, torch.softmax(x, -1))
+    assert torch.allclose(row_max, x.amax(-1))
+    assert torch.allclose(normaliser, torch.exp(x - x.amax(-1, keepdim=True)).sum(-1))
+
+
+def test_bad_input():
+    q, k, v = _qkv(1, 2, 2, 4, 4, 8, 0)
+    with pytest.raises(ValueError, match=r"\(b, h, n, d\)"):
+        flash_attention(q[0], k[0], v[0])
+    with pytest.raises(ValueError, match="block_q and block_k must be positive"):
+        flash_attention(q, k, v, block_q=-1)
+    with pytest.raises(ValueError, match="k must have the same head dimension"):
+        flash_attention(q, k[..., :4], v)
+
+
+def test_io_model():
+    n, d = 4096, 64
+    assert hbm_accesses_standard(n, d) == 4 * n * d + 4 * n * n
+    small, big = hbm_accesses_flash(n, d, 2**15), hbm_accesses_flash(n, d, 2**17)
+    assert big < small and big < hbm_accesses_standard(n, d) / 3
+    assert small / big == pytest.approx(4, rel=0.05)                 # Θ(n² d² / M): 4× the SRAM, 1/4 the traffic
+    assert hbm_accesses_flash(2 * n, d, 2**16) / hbm_accesses_flash(n, d, 2**16) == pytest.approx(4, rel=0.05)
+
+
+def test_trace_ends_at_the_output_and_skips_masked_tiles():
+    q, k, v = _qkv(1, 1, 1, 8, 8, 4, 3, torch.float64)
+    out, trace = flash_trace(q, k, v, causal=True, block_q=4, block_k=4)
+    assert [t["tile"] for t in trace] == [(0, 4, 0, 4), (4, 8, 0, 4), (4, 8, 4, 8)]   # tile (0-4, 4-8) is skipped
+    assert torch.allclose(trace[-1]["out"], out)
+    assert torch.allclose(out, scaled_dot_product_attention(q, k, v, causal=True))
