@@ -62,7 +62,7 @@ test-notebooks:
 
 test-wheel:
 	d=$$(mktemp -d) && $(BIN)/pip wheel -q --no-deps --no-build-isolation -w "$$d" . && \
-	  $(PY) scripts/check_wheel.py "$$d"/attnlab-*.whl; rc=$$?; rm -rf "$$d"; exit $$rc
+	  $(PY) scripts/check_wheel.py "$$d"/attnlab-*.whl; rc=$$?; rm -rf "$$d" build; exit $$rc
 
 test-browser:
 	$(PY) -m pytest tests/test_site_browser.py -m browser -q -p no:xdist
