@@ -90,11 +90,11 @@ def peak_memory_bytes(setup: str, statement: str, *, timeout: float = 300) -> in
 
 
 def format_table(rows: Sequence[dict], floatfmt: str = ".3g") -> str:
-    """A plain-text table of ``rows`` (dicts sharing keys), for benchmarks and notebooks."""
+    """A plain-text table of ``rows`` (dicts), for benchmarks and notebooks; a missing entry is left blank."""
     if not rows:
         return ""
-    keys = list(rows[0])
-    cells = [[f"{r[k]:{floatfmt}}" if isinstance(r[k], float) else str(r[k]) for k in keys] for r in rows]
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[f"{r[k]:{floatfmt}}" if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys] for r in rows]
     widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
 
     def line(vals):

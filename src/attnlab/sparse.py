@@ -1,0 +1,141 @@
+"""Sparse attention: which keys each query may see, and a sliding-window kernel that costs O(n·w).
+
+Read alongside: Child et al. 2019, "Generating Long Sequences with Sparse Transformers"
+(strided and fixed patterns); Beltagy et al. 2020, "Longformer" (sliding window, dilation,
+global tokens); Zaheer et al. 2020, "Big Bird" (window + global + random).
+
+Masks are boolean (n, n), True = may attend, row = query i, column = key j.
+A window w means: bidirectional, |i - j| <= w (2w + 1 keys); causal, i - w <= j <= i.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .attention import _check_shapes
+
+
+def _offsets(n: int) -> torch.Tensor:
+    """(n, n) matrix of i - j."""
+    idx = torch.arange(n)
+    return idx.unsqueeze(-1) - idx
+
+
+def sliding_window_mask(n: int, window: int, *, causal: bool = False) -> torch.Tensor:
+    """Each query sees the keys within ``window`` positions (only earlier ones if causal)."""
+    off = _offsets(n)
+    return (off >= 0) & (off <= window) if causal else off.abs() <= window
+
+
+def dilated_window_mask(n: int, window: int, dilation: int, *, causal: bool = False) -> torch.Tensor:
+    """A window with gaps: keys at offsets 0, ±r, ±2r, ..., ±w·r (Longformer's dilated window)."""
+    off = _offsets(n)
+    return sliding_window_mask(n, window * dilation, causal=causal) & (off % dilation == 0)
+
+
+def strided_mask(n: int, stride: int, *, causal: bool = True) -> torch.Tensor:
+    """Sparse Transformer's strided pattern: the previous ``stride`` keys, plus every stride-th key.
+
+    With stride ≈ √n each row has about 2√n keys, and any key is reachable in two layers.
+    """
+    off = _offsets(n)
+    mask = (off.abs() < stride) | (off % stride == 0)
+    return mask & (off >= 0) if causal else mask
+
+
+def global_mask(n: int, global_tokens) -> torch.Tensor:
+    """Global tokens attend to every key and every query attends to them (Longformer)."""
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    idx = torch.as_tensor(list(global_tokens), dtype=torch.long)
+    if idx.numel() and (idx.min() < 0 or idx.max() >= n):
+        raise ValueError(f"global_tokens must lie in [0, {n}), got {idx.tolist()}")
+    mask[idx, :] = True
+    mask[:, idx] = True
+    return mask
+
+
+def longformer_mask(n: int, window: int, global_tokens=(0,), *, causal: bool = False) -> torch.Tensor:
+    """Sliding window plus global tokens; causal keeps only j <= i."""
+    mask = sliding_window_mask(n, window) | global_mask(n, global_tokens)
+    return mask & (_offsets(n) >= 0) if causal else mask
+
+
+def bigbird_mask(n: int, window: int, n_global: int, n_random: int, *, seed: int = 0,
+                 causal: bool = False) -> torch.Tensor:
+    """BigBird: a window, the first ``n_global`` tokens as global, and ``n_random`` random keys per row."""
+    mask = sliding_window_mask(n, window) | global_mask(n, range(n_global))
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.rand(n, n, generator=g).masked_fill(mask, -1.0)      # pick among keys not yet allowed
+    if causal:
+        scores = scores.masked_fill(_offsets(n) < 0, -1.0)
+    picks = scores.topk(min(n_random, n), dim=-1)
+    mask = mask.scatter(-1, picks.indices, picks.values > 0) | mask
+    return mask & (_offsets(n) >= 0) if causal else mask
+
+
+def block_sparse_mask(n: int, block: int, layout: torch.Tensor) -> torch.Tensor:
+    """Expand a (⌈n/block⌉, ⌈n/block⌉) boolean block layout to an (n, n) mask."""
+    blocks = math.ceil(n / block)
+    if layout.shape != (blocks, blocks):
+        raise ValueError(f"layout must have shape ({blocks}, {blocks}) for n={n}, block={block}; got {tuple(layout.shape)}")
+    return layout.bool().repeat_interleave(block, 0).repeat_interleave(block, 1)[:n, :n]
+
+
+def keys_per_row(mask: torch.Tensor) -> torch.Tensor:
+    """Number of keys each query may attend to, (n,)."""
+    return mask.sum(-1)
+
+
+def density(mask: torch.Tensor) -> float:
+    """Fraction of the n x n pairs allowed."""
+    return mask.float().mean().item()
+
+
+def receptive_field(mask: torch.Tensor, layers: int) -> torch.Tensor:
+    """Fraction of positions each query can draw information from after ``layers`` stacked layers, (layers,).
+
+    Information flows along allowed edges; after L layers query i sees j when a path of at most
+    L edges leads from j to i (the boolean L-th power of the mask, with self-loops).
+    """
+    step = (mask | torch.eye(mask.shape[0], dtype=torch.bool)).float()
+    reach = torch.eye(mask.shape[0])
+    out = []
+    for _ in range(layers):
+        reach = ((reach @ step) > 0).float()
+        out.append(reach.mean().item())
+    return torch.tensor(out)
+
+
+def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, *,
+                             causal: bool = False, scale: float | None = None, block: int | None = None) -> torch.Tensor:
+    r"""Attention restricted to a window, in O(n·w) time and memory: no n x n matrix.
+
+    .. math:: o_i = \sum_{j \in W(i)} \mathrm{softmax}_j(q_i \cdot k_j / \sqrt d)\, v_j,
+              \quad W(i) = \{j : |i - j| \le w\} \text{ (causal: } i - w \le j \le i)
+
+    Queries are taken ``block`` at a time (default max(w, 64)); a block of B queries needs only
+    the keys from its first query minus w to its last plus w, so each step forms a
+    (B, B + 2w) score tile and the whole pass O(n (B + 2w)) scores, never n x n.
+
+    Args: q, k: (b, h, n, d); v: (b, h, n, d_v) (self-attention: n = m, same heads).
+    Returns: (b, h, n, d_v).
+    """
+    _check_shapes(q, k, v)
+    if q.dim() != 4 or k.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"sliding_window_attention needs q and k of the same shape (b, h, n, d), got {tuple(q.shape)} and {tuple(k.shape)}")
+    if window < 0:
+        raise ValueError(f"window must be >= 0, got {window}")
+    n = q.shape[-2]
+    block = block or max(window, 64)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    for q0 in range(0, n, block):
+        q1 = min(q0 + block, n)
+        k0, k1 = max(q0 - window, 0), q1 if causal else min(q1 + window, n)
+        scores = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale
+        offset = torch.arange(q0, q1, device=q.device).unsqueeze(-1) - torch.arange(k0, k1, device=q.device)
+        allowed = (offset >= 0) & (offset <= window) if causal else offset.abs() <= window
+        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        out[..., q0:q1, :] = weights @ v[..., k0:k1, :]
+    return out
