@@ -92,19 +92,24 @@ def density(mask: torch.Tensor) -> float:
     return mask.float().mean().item()
 
 
-def receptive_field(mask: torch.Tensor, layers: int) -> torch.Tensor:
-    """Fraction of positions each query can draw information from after ``layers`` stacked layers, (layers,).
+def reach(mask: torch.Tensor, layers: int) -> list[torch.Tensor]:
+    """Which keys each query can draw information from after 1, ..., ``layers`` stacked layers.
 
     Information flows along allowed edges; after L layers query i sees j when a path of at most
-    L edges leads from j to i (the boolean L-th power of the mask, with self-loops).
+    L edges leads from j to i (the boolean L-th power of the mask, with self-loops). Returns
+    ``layers`` boolean (n, n) matrices.
     """
     step = (mask | torch.eye(mask.shape[0], dtype=torch.bool)).float()
-    reach = torch.eye(mask.shape[0])
-    out = []
+    current, out = torch.eye(mask.shape[0]), []
     for _ in range(layers):
-        reach = ((reach @ step) > 0).float()
-        out.append(reach.mean().item())
-    return torch.tensor(out)
+        current = ((current @ step) > 0).float()
+        out.append(current.bool())
+    return out
+
+
+def receptive_field(mask: torch.Tensor, layers: int) -> torch.Tensor:
+    """Fraction of (query, key) pairs connected after 1, ..., ``layers`` layers, (layers,)."""
+    return torch.tensor([r.float().mean().item() for r in reach(mask, layers)])
 
 
 def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, *,
