@@ -1,0 +1,160 @@
+"""Linear attention: replace exp(q·k) by a feature-map inner product, and attention becomes an RNN.
+
+Read alongside: Katharopoulos et al. 2020, "Transformers are RNNs" (elu + 1, the recurrent
+form); Choromanski et al. 2021, "Rethinking Attention with Performers" (FAVOR+ positive
+orthogonal random features); Yang et al. 2024, "Gated Linear Attention Transformers with
+Hardware-Efficient Training" (data-dependent decay, chunkwise form).
+
+Shapes: q, k (b, h, n, d); v (b, h, n, d_v); feature maps send d to m features.
+Every form is exact against its parallel (quadratic) reference; only the feature map
+approximates softmax attention.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+METHODS = ("parallel", "recurrent", "chunked")
+
+
+def elu_feature(x: torch.Tensor) -> torch.Tensor:
+    """φ(x) = elu(x) + 1 > 0 (Katharopoulos et al.)."""
+    return F.elu(x) + 1
+
+
+def relu_feature(x: torch.Tensor) -> torch.Tensor:
+    """φ(x) = relu(x); rows can be all zero, so the normaliser is guarded."""
+    return F.relu(x)
+
+
+def orthogonal_gaussian(m: int, d: int, *, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    """(m, d) random features: blocks of orthogonal rows, each rescaled to a chi(d)-distributed norm."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = []
+    for _ in range(math.ceil(m / d)):
+        qmat, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+        blocks.append(qmat.T)
+    omega = torch.cat(blocks)[:m]
+    norms = torch.randn(m, d, generator=g, dtype=torch.float64).norm(dim=-1, keepdim=True)
+    return (omega * norms).to(dtype)
+
+
+def favor_feature(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+    r"""FAVOR+ positive random features for the softmax kernel exp(q·k/√d):
+
+    .. math:: \phi(x) = \frac{1}{\sqrt m} \exp\!\big(\omega^\top \tilde x - \|\tilde x\|^2 / 2\big),
+              \quad \tilde x = x / d^{1/4}
+
+    so that E[φ(q)·φ(k)] = exp(q·k/√d). omega: (m, d) from :func:`orthogonal_gaussian`.
+    """
+    x = x / x.shape[-1] ** 0.25
+    return torch.exp(x @ omega.T - x.square().sum(-1, keepdim=True) / 2) / math.sqrt(omega.shape[0])
+
+
+def _features(name, omega):
+    if name == "elu":
+        return elu_feature
+    if name == "relu":
+        return relu_feature
+    if name == "favor":
+        if omega is None:
+            raise ValueError("feature_map='favor' needs omega, e.g. orthogonal_gaussian(m, d)")
+        return lambda x: favor_feature(x, omega.to(x.dtype))
+    raise ValueError(f"feature_map must be 'elu', 'relu' or 'favor', got {name!r}")
+
+
+def _normalise(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    return numerator / denominator.clamp_min(1e-12).unsqueeze(-1)
+
+
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, feature_map: str = "elu",
+                     causal: bool = False, method: str = "parallel", chunk: int = 64,
+                     omega: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Linear attention in one of three equal forms.
+
+    .. math:: o_i = \frac{\phi(q_i)^\top \sum_{j} \phi(k_j) v_j^\top}{\phi(q_i)^\top \sum_{j} \phi(k_j)}
+              \quad (j \le i \text{ if causal})
+
+    parallel: form the (n, n) matrix φ(Q)φ(K)ᵀ (the reference, O(n² m));
+    recurrent: a state S_t = S_{t-1} + φ(k_t) v_tᵀ and z_t = z_{t-1} + φ(k_t), one step per token
+    (O(n m d_v), constant memory per step);
+    chunked: the parallel form inside chunks of ``chunk`` tokens and the state between them.
+    Non-causal attention needs no recurrence: the sums run over all keys.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if q.dim() != 4 or k.shape[:-1] != q.shape[:-1] or v.shape[:-1] != q.shape[:-1]:
+        raise ValueError(f"q, k, v must be (b, h, n, d) with the same b, h, n; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    phi = _features(feature_map, omega)
+    fq, fk = phi(q), phi(k)
+    if not causal:
+        state = fk.transpose(-2, -1) @ v                                     # (b, h, m, d_v)
+        return _normalise(fq @ state, (fq * fk.sum(-2, keepdim=True)).sum(-1))
+    if method == "parallel":
+        scores = (fq @ fk.transpose(-2, -1)).tril()
+        return _normalise(scores @ v, scores.sum(-1))
+    if method == "recurrent":
+        state = torch.zeros(*q.shape[:2], fk.shape[-1], v.shape[-1], dtype=q.dtype, device=q.device)
+        norm = torch.zeros(*q.shape[:2], fk.shape[-1], dtype=q.dtype, device=q.device)
+        outs = []
+        for fq_t, fk_t, v_t in zip(fq.unbind(-2), fk.unbind(-2), v.unbind(-2)):
+            state = state + fk_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+            norm = norm + fk_t
+            outs.append(_normalise((fq_t.unsqueeze(-2) @ state).squeeze(-2), (fq_t * norm).sum(-1)))
+        return torch.stack(outs, dim=-2)
+    state = torch.zeros(*q.shape[:2], fk.shape[-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    norm = torch.zeros(*q.shape[:2], fk.shape[-1], dtype=q.dtype, device=q.device)
+    outs = []
+    for c0 in range(0, q.shape[-2], chunk):
+        fq_c, fk_c, v_c = fq[..., c0:c0 + chunk, :], fk[..., c0:c0 + chunk, :], v[..., c0:c0 + chunk, :]
+        intra = (fq_c @ fk_c.transpose(-2, -1)).tril()
+        numerator = intra @ v_c + fq_c @ state
+        denominator = intra.sum(-1) + (fq_c * norm.unsqueeze(-2)).sum(-1)
+        outs.append(_normalise(numerator, denominator))
+        state = state + fk_c.transpose(-2, -1) @ v_c
+        norm = norm + fk_c.sum(-2)
+    return torch.cat(outs, dim=-2)
+
+
+def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor, *,
+                           method: str = "recurrent", chunk: int = 16) -> torch.Tensor:
+    r"""Gated linear attention (Yang et al. 2024): a matrix state that forgets, per key dimension.
+
+    .. math:: S_t = \mathrm{diag}(\alpha_t)\, S_{t-1} + k_t v_t^\top, \qquad o_t = S_t^\top q_t,
+              \qquad \alpha_t = \exp(\text{log\_decay}_t) \in (0, 1]^{d}
+
+    The decay depends on the input (it is computed from the token), which is what separates
+    GLA from plain linear attention (α = 1) and from a fixed exponential decay.
+
+    recurrent: one step per token; chunked: within a chunk of C tokens, with cumulative log
+    decays b_t, the pairwise weights :math:`\sum_d q_{td} k_{sd} e^{b_{td} - b_{sd}}` (s ≤ t) are
+    formed directly, so every exponent is ≤ 0 (no overflow), and the state is carried between chunks.
+
+    Args: q, k, log_decay: (b, h, n, d) with log_decay <= 0; v: (b, h, n, d_v). Causal by construction.
+    """
+    if method not in ("recurrent", "chunked"):
+        raise ValueError(f"method must be 'recurrent' or 'chunked', got {method!r}")
+    if log_decay.shape != k.shape or (log_decay > 0).any():
+        raise ValueError(f"log_decay must have k's shape {tuple(k.shape)} and be <= 0, got shape {tuple(log_decay.shape)}")
+    state = torch.zeros(*q.shape[:2], k.shape[-1], v.shape[-1], dtype=q.dtype, device=q.device)
+    if method == "recurrent":
+        outs = []
+        for q_t, k_t, v_t, a_t in zip(q.unbind(-2), k.unbind(-2), v.unbind(-2), log_decay.exp().unbind(-2)):
+            state = a_t.unsqueeze(-1) * state + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)
+            outs.append((q_t.unsqueeze(-2) @ state).squeeze(-2))
+        return torch.stack(outs, dim=-2)
+    outs = []
+    for c0 in range(0, q.shape[-2], chunk):
+        q_c, k_c, v_c = q[..., c0:c0 + chunk, :], k[..., c0:c0 + chunk, :], v[..., c0:c0 + chunk, :]
+        b = log_decay[..., c0:c0 + chunk, :].cumsum(-2)                                   # (b, h, C, d)
+        size = q_c.shape[-2]
+        causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
+        gaps = (b.unsqueeze(-2) - b.unsqueeze(-3)).masked_fill(~causal[..., None], float("-inf"))  # (b,h,C,C,d)
+        weights = (q_c.unsqueeze(-2) * k_c.unsqueeze(-3) * gaps.exp()).sum(-1)            # (b, h, C, C)
+        outs.append(weights @ v_c + (q_c * b.exp()) @ state)
+        last = b[..., -1:, :]
+        state = last.transpose(-2, -1).exp() * state + (k_c * (last - b).exp()).transpose(-2, -1) @ v_c
+    return torch.cat(outs, dim=-2)
