@@ -95,8 +95,8 @@ record: setup
 
 lock: $(VENV_STAMP)
 	$(BIN)/pip install -q -r requirements.in
-	{ head -2 requirements.txt; $(BIN)/pip freeze --exclude-editable | grep -v '^attnlab' \
-	  | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; echo "wheel==0.48.0"; echo "-e ."; } > requirements.lock && mv requirements.lock requirements.txt
+	{ head -2 requirements.txt; $(BIN)/pip freeze --all --exclude-editable | grep -vE '^(attnlab|pip)==' \
+	  | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; echo "-e ."; } > requirements.lock && mv requirements.lock requirements.txt
 
 clean:
 	rm -rf $(VENV) node_modules $(VENDOR) _build src/*.egg-info

@@ -1,26 +1,10 @@
-"""positional, numerics and bench helpers."""
-import math
+"""numerics and bench helpers."""
 
 import pytest
 import torch
 
 from attnlab.bench import format_table, loglog_slope, peak_memory_bytes, time_fn
 from attnlab.numerics import agrees, error_ratio, max_abs_error
-from attnlab.positional import sinusoidal_encoding
-
-
-@pytest.mark.parametrize("d", [1, 7, 16])
-def test_sinusoidal_encoding_values_and_odd_width(d):
-    pe = sinusoidal_encoding(11, d)
-    assert pe.shape == (11, d)
-    p, i = 5, 0
-    assert pe[p, 0].item() == pytest.approx(math.sin(p))
-    if d > 1:
-        assert pe[p, 1].item() == pytest.approx(math.cos(p))
-    if d >= 4:
-        assert pe[3, 2].item() == pytest.approx(math.sin(3 / 10000 ** (2 / d)))
-    with pytest.raises(ValueError, match="d >= 1"):
-        sinusoidal_encoding(3, 0)
 
 
 def test_error_ratio_rule():

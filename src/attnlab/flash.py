@@ -20,6 +20,11 @@ from .attention import _check_shapes, repeat_kv
 DEFAULT_BLOCK = 256  # benchmarks/flash_tiles.py: 256-wide tiles are the fastest on a 2-core CPU
 
 
+def _zero_if_neginf(x: torch.Tensor) -> torch.Tensor:
+    """A running maximum that is still -inf (no key seen) becomes 0, so exp(s - m) stays defined."""
+    return torch.where(torch.isneginf(x), torch.zeros_like(x), x)
+
+
 def online_softmax(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Softmax over the last axis, reading it ``block`` entries at a time.
 
@@ -35,19 +40,22 @@ def online_softmax(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
     for start in range(0, x.shape[-1], block):
         s = x[..., start:start + block]
         new_max = torch.maximum(running_max, s.amax(-1))
-        safe = torch.where(torch.isneginf(new_max), torch.zeros_like(new_max), new_max)
+        safe = _zero_if_neginf(new_max)
         normaliser = normaliser * torch.exp(running_max - safe) + torch.exp(s - safe.unsqueeze(-1)).sum(-1)
         running_max = new_max
-    safe = torch.where(torch.isneginf(running_max), torch.zeros_like(running_max), running_max)
+    safe = _zero_if_neginf(running_max)
     probs = torch.exp(x - safe.unsqueeze(-1)) / normaliser.clamp_min(torch.finfo(x.dtype).tiny).unsqueeze(-1)
     return probs, running_max, normaliser
 
 
-def _tile_mask(q0: int, q1: int, k0: int, k1: int, offset: int, device) -> torch.Tensor:
-    """Causal mask of one tile (True = may attend): key j <= query i + offset."""
-    i = torch.arange(q0, q1, device=device).unsqueeze(-1)
-    j = torch.arange(k0, k1, device=device)
-    return j <= i + offset
+def _tile_scores(q, k, q0, q1, k0, k1, needs_mask, scale):
+    """Scores of one tile, (b, h, q1 - q0, k1 - k0), with the causal mask (key j <= query i + m - n) if needed."""
+    s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale
+    if needs_mask:
+        i = torch.arange(q0, q1, device=q.device).unsqueeze(-1)
+        j = torch.arange(k0, k1, device=q.device)
+        s = s.masked_fill(j > i + (k.shape[-2] - q.shape[-2]), float("-inf"))
+    return s
 
 
 def _tiles(n: int, m: int, block_q: int, block_k: int, causal: bool):
@@ -72,12 +80,10 @@ def _forward(q, k, v, scale, causal, block_q, block_k, trace=None):
     row_max = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     row_sum = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
     for q0, q1, k0, k1, needs_mask in _tiles(n, m, block_q, block_k, causal):
-        s = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale          # (b, h, Bq, Bk)
-        if needs_mask:
-            s = s.masked_fill(~_tile_mask(q0, q1, k0, k1, m - n, q.device), float("-inf"))
+        s = _tile_scores(q, k, q0, q1, k0, k1, needs_mask, scale)                  # (b, h, Bq, Bk)
         m_old = row_max[..., q0:q1]
         m_new = torch.maximum(m_old, s.amax(-1))
-        m_safe = torch.where(torch.isneginf(m_new), torch.zeros_like(m_new), m_new)
+        m_safe = _zero_if_neginf(m_new)
         p = torch.exp(s - m_safe.unsqueeze(-1))
         correction = torch.exp(m_old - m_safe)
         row_sum[..., q0:q1] = row_sum[..., q0:q1] * correction + p.sum(-1)
@@ -117,9 +123,7 @@ class _FlashAttention(torch.autograd.Function):
         delta = (grad_out * out).sum(-1)                                            # D_i, (b, h, n)
         for q0, q1, k0, k1, needs_mask in _tiles(n, m, block_q, block_k, causal):
             qi, kj, vj = q[..., q0:q1, :], k[..., k0:k1, :], v[..., k0:k1, :]
-            s = qi @ kj.transpose(-2, -1) * scale
-            if needs_mask:
-                s = s.masked_fill(~_tile_mask(q0, q1, k0, k1, m - n, q.device), float("-inf"))
+            s = _tile_scores(q, k, q0, q1, k0, k1, needs_mask, scale)
             p = torch.exp(s - lse[..., q0:q1].unsqueeze(-1))                       # exact probabilities
             do = grad_out[..., q0:q1, :]
             dv[..., k0:k1, :] += p.transpose(-2, -1) @ do

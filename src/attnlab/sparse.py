@@ -22,10 +22,14 @@ def _offsets(n: int) -> torch.Tensor:
     return idx.unsqueeze(-1) - idx
 
 
+def _in_window(offset: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    """Which query - key offsets i - j a window allows: |i - j| <= w, or 0 <= i - j <= w if causal."""
+    return (offset >= 0) & (offset <= window) if causal else offset.abs() <= window
+
+
 def sliding_window_mask(n: int, window: int, *, causal: bool = False) -> torch.Tensor:
     """Each query sees the keys within ``window`` positions (only earlier ones if causal)."""
-    off = _offsets(n)
-    return (off >= 0) & (off <= window) if causal else off.abs() <= window
+    return _in_window(_offsets(n), window, causal)
 
 
 def dilated_window_mask(n: int, window: int, dilation: int, *, causal: bool = False) -> torch.Tensor:
@@ -140,7 +144,6 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         k0, k1 = max(q0 - window, 0), q1 if causal else min(q1 + window, n)
         scores = q[..., q0:q1, :] @ k[..., k0:k1, :].transpose(-2, -1) * scale
         offset = torch.arange(q0, q1, device=q.device).unsqueeze(-1) - torch.arange(k0, k1, device=q.device)
-        allowed = (offset >= 0) & (offset <= window) if causal else offset.abs() <= window
-        weights = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+        weights = torch.softmax(scores.masked_fill(~_in_window(offset, window, causal), float("-inf")), dim=-1)
         out[..., q0:q1, :] = weights @ v[..., k0:k1, :]
     return out
