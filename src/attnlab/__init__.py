@@ -10,6 +10,10 @@ code the tests check. One module per idea:
     attnlab.widgets      ipywidgets explorers on the same builders, for live kernels
     attnlab.quiz         chapter quiz banks (package data) shown with jupyterquiz
     attnlab.bench        timing and peak-memory helpers for notebooks and benchmarks/
+    attnlab.tradeoff     the speed/memory/accuracy benchmark of attention forms (chapter 09)
+    Also: blocks, schedules, scaling, icl, tasks, train, models, kv_cache, objectives, grokking,
+    diff_attention, flash, sparse, linear, ssm, hybrid, moe, rglru, hyena, mla, ring, speculative,
+    nsa, quant, mod (one module per idea; see the design notes).
 
 Shape letters (the same glossary is on the book's notation page):
 

@@ -20,6 +20,8 @@ import math
 import torch
 from torch import nn
 
+from .kv_cache import KVCache, LayerKVCache
+
 
 def causal_mask(n: int, m: int | None = None, *, device=None) -> torch.Tensor:
     """Boolean causal mask of shape (n, m), True where query i may attend to key j.
@@ -250,6 +252,7 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         *,
         causal: bool = False,
+        cache=None,
         return_weights: bool = False,
     ):
         """Args:
@@ -257,10 +260,16 @@ class MultiHeadAttention(nn.Module):
             context: (b, m, d_model) for cross-attention; default ``x`` (self-attention).
             mask: broadcastable to (b, h, n, m), as in :func:`scaled_dot_product_attention`.
             causal: apply the bottom-right causal mask.
+            cache: a :class:`attnlab.kv_cache.LayerKVCache` (or a one-layer ``KVCache``) for
+                self-attention while decoding: the n new tokens' keys and values are appended
+                to it and the queries attend to all m = t cached positions. With ``causal``
+                the bottom-right alignment makes new token i see positions j <= t - n + i.
             return_weights: also return the (b, h, n, m) weights (pre-dropout).
 
         Returns: (b, n, d_model), and the weights if requested.
         """
+        if cache is not None and context is not None:
+            raise ValueError("cache is for self-attention; compute cross-attention keys once and pass context instead")
         context = x if context is None else context
         for name, t in (("x", x), ("context", context)):
             if t.dim() != 3 or t.shape[-1] != self.q_proj.in_features:
@@ -271,9 +280,37 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.q_proj(x), self.n_heads)
         k = self.split_heads(self.k_proj(context), self.n_kv_heads)
         v = self.split_heads(self.v_proj(context), self.n_kv_heads)
+        if cache is not None:
+            k, v = _layer_cache(cache).append(k, v)
         out, weights = scaled_dot_product_attention(
             q, k, v, mask, causal=causal, return_weights=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
         out = self.out_proj(self.merge_heads(out))
         return (out, weights) if return_weights else out
+
+
+def _layer_cache(cache):
+    """The one layer's cache a MultiHeadAttention writes to (a KVCache must have one layer)."""
+    if isinstance(cache, KVCache):
+        if len(cache) != 1:
+            raise ValueError(f"cache has {len(cache)} layers; pass one layer's cache, cache[i], to layer i")
+        return cache[0]
+    if not isinstance(cache, LayerKVCache):
+        raise TypeError(f"cache must be a LayerKVCache or KVCache, got {type(cache).__name__}")
+    return cache
+
+
+def uniform_entropy(n: int, *, causal: bool = True) -> torch.Tensor:
+    r"""Entropy of uniform attention for each of n queries, in nats: (n,) float64.
+
+    .. math:: H_i = \log |\{j : \text{query } i \text{ may attend to } j\}| =
+              \begin{cases} \log i & \text{causal, query } i = 1, \dots, n \\ \log n & \text{bidirectional} \end{cases}
+
+    The baseline a trained causal model's entropy should be compared with is the mean,
+    :math:`\frac1n \sum_{i=1}^n \log i = \frac{\log n!}{n}` (3.88 at n = 128), not log n (4.85).
+    """
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    keys = torch.arange(1, n + 1, dtype=torch.float64) if causal else torch.full((n,), float(n), dtype=torch.float64)
+    return keys.log()

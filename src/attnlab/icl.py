@@ -65,3 +65,42 @@ def ridge_prediction(prompts: RegressionPrompts, lam: float) -> torch.Tensor:
     gram = x.transpose(1, 2) @ x + lam * torch.eye(x.shape[-1], dtype=x.dtype)
     w = torch.linalg.solve(gram, (x.transpose(1, 2) @ y.unsqueeze(-1))).squeeze(-1)
     return (w * prompts.x_test).sum(-1)
+
+
+class LinearSelfAttentionStack(torch.nn.Module):
+    r"""K trainable layers of :func:`linear_self_attention`, read out as the query's y slot.
+
+    .. math:: \hat y = -\big(e_q^{(K)}\big)_{y}, \qquad
+              e_j^{(k)} = e_j^{(k-1)} + \frac1N \sum_{i=1}^{N} W_{PV}^{(k)} e_i^{(k-1)}\,
+              \big(e_i^{(k-1)\top} W_{KQ}^{(k)} e_j^{(k-1)}\big)
+
+    Each layer has its own W_KQ, W_PV (d + 1, d + 1), drawn N(0, init_scale^2): nothing of
+    :func:`gd_weights` is built in. tokens (b, N + 1, d + 1) -> predictions (b,).
+    """
+
+    def __init__(self, d: int, n_layers: int = 1, init_scale: float = 0.01):
+        super().__init__()
+        self.w_kq = torch.nn.Parameter(init_scale * torch.randn(n_layers, d + 1, d + 1))
+        self.w_pv = torch.nn.Parameter(init_scale * torch.randn(n_layers, d + 1, d + 1))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dim() != 3 or tokens.shape[-1] != self.w_kq.shape[-1]:
+            raise ValueError(f"tokens must have shape (b, N + 1, d + 1 = {self.w_kq.shape[-1]}), "
+                             f"got {tuple(tokens.shape)}")
+        for w_kq, w_pv in zip(self.w_kq, self.w_pv):
+            tokens = linear_self_attention(tokens, w_kq, w_pv)
+        return -tokens[:, -1, -1]
+
+
+def effective_step_size(w_kq: torch.Tensor, w_pv: torch.Tensor) -> tuple[float, float]:
+    r"""Read a trained layer as gradient descent: the step size it takes, and how far it is from GD.
+
+    Only the product :math:`M = (W_{PV})_{y,y}\,(W_{KQ})_{x,x}` (d, d) acts on a query's y slot
+    when the y slots of the query and the KQ cross terms are zero; GD's construction has
+    :math:`M = -\eta I`. Returns :math:`\eta = -\mathrm{tr} M / d` and the relative distance
+    :math:`\lVert M + \eta I \rVert_F / \lVert M \rVert_F` (0 for exact GD).
+    """
+    d = w_kq.shape[-1] - 1
+    m = w_pv[d, d] * w_kq[:d, :d]
+    eta = -torch.trace(m) / d
+    return float(eta), float(torch.linalg.norm(m + eta * torch.eye(d, dtype=m.dtype)) / torch.linalg.norm(m))

@@ -28,3 +28,138 @@ def in_context_regression(batch: int, n_context: int, d: int, *, noise: float = 
     x = torch.randn(batch, n_context + 1, d, generator=g, dtype=dtype)
     y = torch.einsum("bnd,bd->bn", x, w) + noise * torch.randn(batch, n_context + 1, generator=g, dtype=dtype)
     return RegressionPrompts(x[:, :-1], y[:, :-1], x[:, -1], y[:, -1], w)
+
+
+@dataclass
+class ModularAddition:
+    """Every pair (a, b) of Z_p with its label (a + b) mod p, split into train and validation."""
+
+    p: int
+    train_inputs: torch.Tensor   # (n_train, 2) long: the pairs (a, b)
+    train_targets: torch.Tensor  # (n_train,) long: (a + b) mod p
+    val_inputs: torch.Tensor     # (p^2 - n_train, 2)
+    val_targets: torch.Tensor    # (p^2 - n_train,)
+
+
+def modular_addition(p: int = 97, train_fraction: float = 0.5, *, seed: int = 0) -> ModularAddition:
+    r"""The full table of :math:`c = (a + b) \bmod p` for :math:`a, b \in \{0, \dots, p-1\}`, split at random.
+
+    The p^2 pairs are shuffled with ``seed``; the first ``round(train_fraction * p^2)`` are the
+    training set (Power et al. 2022, "Grokking"), the rest the validation set.
+    """
+    if p < 2:
+        raise ValueError(f"p must be at least 2, got {p}")
+    if not 0.0 < train_fraction < 1.0:
+        raise ValueError(f"train_fraction must lie strictly between 0 and 1, got {train_fraction}")
+    a, b = torch.meshgrid(torch.arange(p), torch.arange(p), indexing="ij")
+    pairs = torch.stack([a.reshape(-1), b.reshape(-1)], dim=-1)
+    labels = (pairs[:, 0] + pairs[:, 1]) % p
+    order = torch.randperm(p * p, generator=torch.Generator().manual_seed(seed))
+    n_train = round(train_fraction * p * p)
+    train, val = order[:n_train], order[n_train:]
+    return ModularAddition(p, pairs[train], labels[train], pairs[val], labels[val])
+
+
+def python_docs_text() -> str:
+    """English prose that ships with every CPython: the help topics of ``pydoc`` (about 460 kB).
+
+    ``pydoc_data.topics`` holds the reference-manual pages that ``help("assert")`` prints; they
+    are joined here in sorted order. Nothing is downloaded. Raises ImportError (never falls
+    back to a toy string) where a distribution has stripped ``pydoc_data``: pass a text file to
+    :func:`char_corpus` instead.
+    """
+    try:
+        from pydoc_data.topics import topics
+    except ImportError as err:
+        raise ImportError("this Python has no pydoc_data module; pass char_corpus(path=...) a text file") from err
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+@dataclass
+class CharCorpus:
+    """A text as character ids, split 90/10 into training and validation parts.
+
+    ``chars`` is the sorted set of characters, so id i is ``chars[i]`` and the vocabulary size
+    is ``len(chars)``.
+    """
+
+    text: str
+    chars: list[str]
+    train_ids: torch.Tensor  # (0.9 · len(text),) int64
+    val_ids: torch.Tensor    # the rest
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, s: str) -> torch.Tensor:
+        """str -> (len(s),) int64 ids; a character outside the vocabulary raises ValueError."""
+        index = {c: i for i, c in enumerate(self.chars)}
+        missing = sorted(set(s) - index.keys())
+        if missing:
+            raise ValueError(f"s contains characters not in the corpus vocabulary: {missing[:10]}")
+        return torch.tensor([index[c] for c in s], dtype=torch.long)
+
+    def decode(self, ids) -> str:
+        """A sequence of ids (list or 1-d tensor) -> str."""
+        return "".join(self.chars[int(i)] for i in ids)
+
+    def batch(self, batch_size: int, length: int, *, split: str = "train",
+              generator: torch.Generator | None = None, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random windows: inputs x (b, length) and targets y = x shifted left by one (b, length)."""
+        if split not in ("train", "val"):
+            raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+        ids = self.train_ids if split == "train" else self.val_ids
+        if length + 1 > len(ids):
+            raise ValueError(f"length + 1 = {length + 1} is longer than the {split} text ({len(ids)} characters)")
+        starts = torch.randint(0, len(ids) - length, (batch_size,), generator=generator)
+        window = torch.stack([ids[s:s + length + 1] for s in starts.tolist()])
+        return window[:, :-1].to(device), window[:, 1:].to(device)
+
+
+def char_corpus(path=None, *, text: str | None = None, val_fraction: float = 0.1) -> CharCorpus:
+    """A character-level corpus from a text file at ``path``, from ``text``, or by default from
+    :func:`python_docs_text`. A missing file raises FileNotFoundError (no silent fallback)."""
+    if path is not None and text is not None:
+        raise ValueError("pass path or text, not both")
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    elif text is None:
+        text = python_docs_text()
+    if len(text) < 2:
+        raise ValueError(f"text must have at least 2 characters, got {len(text)}")
+    chars = sorted(set(text))
+    index = {c: i for i, c in enumerate(chars)}
+    ids = torch.tensor([index[c] for c in text], dtype=torch.long)
+    split = int(len(ids) * (1 - val_fraction))
+    return CharCorpus(text, chars, ids[:split], ids[split:])
+
+
+@dataclass
+class RetrievalPrompts:
+    """Key-value retrieval among distractors: N (key, value) tokens, then a query key."""
+
+    tokens: torch.Tensor   # (b, N + 1) long: N pair tokens key * n_values + value, then the query
+    targets: torch.Tensor  # (b,) long: the value stored with the query's key
+    position: torch.Tensor  # (b,) long: where that pair sits in the context (the attention target)
+    vocab: int             # n_keys * n_values pair tokens + n_keys query tokens
+
+
+def key_value_retrieval(batch: int, n_pairs: int = 32, *, n_keys: int = 64, n_values: int = 16,
+                        seed: int = 0) -> RetrievalPrompts:
+    """Prompts of ``n_pairs`` distinct random keys with random values, and a query for one of them.
+
+    Pair token ``key * n_values + value``; query token ``n_keys * n_values + key``. The other
+    n_pairs - 1 pairs are the distractors; a perfect reader puts all its attention on ``position``.
+    """
+    if not 1 <= n_pairs <= n_keys:
+        raise ValueError(f"n_pairs must be between 1 and n_keys={n_keys}, got {n_pairs}")
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.rand(batch, n_keys, generator=g).argsort(-1)[:, :n_pairs]       # distinct keys
+    values = torch.randint(n_values, (batch, n_pairs), generator=g)
+    position = torch.randint(n_pairs, (batch,), generator=g)
+    rows = torch.arange(batch)
+    query = n_keys * n_values + keys[rows, position]
+    tokens = torch.cat([keys * n_values + values, query.unsqueeze(-1)], dim=-1)
+    return RetrievalPrompts(tokens, values[rows, position], position, n_keys * n_values + n_keys)

@@ -123,11 +123,12 @@ def bar_chart(labels: Sequence[str], values, *, y_title: str, title: str = "", l
 def line_slider(
     steps: Sequence[Mapping[str, tuple]], labels: Sequence[str], titles: Sequence[str], *, x_title: str,
     y_title: str, prefix: str = "", log_x: bool = False, log_y: bool = False, points: Sequence[str] = (),
-    active: int = 0, height: int = 460, colors: Mapping[str, str] | None = None,
+    active: int = 0, height: int = 460, colors: Mapping[str, str] | None = None, dashed: Sequence[str] = (),
 ) -> go.Figure:
     """Lines whose data a kernel-free slider switches: one {name: (x, y)} mapping per step.
 
-    Every step must name the same series; names in ``points`` are drawn as markers;
+    Every step must name the same series; names in ``points`` are drawn as markers, names in
+    ``dashed`` as dashed lines;
     ``colors`` optionally fixes a series' colour (to pair a marker with its line, say).
     """
     names = list(steps[0])
@@ -136,7 +137,8 @@ def line_slider(
     for name in names:
         x, y = steps[active][name]
         fig.add_trace(go.Scatter(x=_np(x), y=_np(y), name=name, mode="markers" if name in points else "lines",
-                                 line=dict(color=colors.get(name)), marker=dict(
+                                 line=dict(color=colors.get(name), dash="dash" if name in dashed else "solid"),
+                                 marker=dict(
                                      size=11 if name in points else 6, symbol="x" if name in points else "circle",
                                      color=colors.get(name))))
     slider_steps = [[{"x": [_np(step[nm][0]) for nm in names], "y": [_np(step[nm][1]) for nm in names]},
@@ -301,4 +303,135 @@ def mask_gallery(masks: Mapping[str, object], *, cols: int | None = None) -> go.
     fig.update_yaxes(autorange="reversed")
     fig.update_annotations(font_size=13)
     fig.update_layout(height=280 * rows + 80, title=dict(text="Masks: dark cells may attend (row = query, column = key)"))
+    return fig
+
+
+def lineage_graph(nodes: Sequence[Mapping], edges: Sequence[tuple[str, str]], *,
+                  title: str = "Lineage of the methods in this book") -> go.Figure:
+    """Methods as points on a timeline (x = year, one row per family), edges as arrows.
+
+    nodes: dicts with "name", "year", "family" and optional "note" (shown on hover);
+    edges: (parent name, child name). Clicking a family in the legend hides it; an edge whose
+    child is later than its parent points forward in time (a ValueError says otherwise).
+    """
+    by_name = {node["name"]: node for node in nodes}
+    families = list(dict.fromkeys(node["family"] for node in nodes))
+    row = {fam: i for i, fam in enumerate(families)}
+    groups: dict[tuple, list[str]] = {}
+    for node in sorted(nodes, key=lambda nd: nd["name"]):
+        groups.setdefault((node["family"], node["year"]), []).append(node["name"])
+    pos = {}
+    for (fam, year), names in groups.items():                     # same family and year: stack vertically
+        for k, name in enumerate(names):
+            pos[name] = (year, row[fam] + (k - (len(names) - 1) / 2) * 0.3)
+    colors = PALETTE + ["#e377c2", "#bcbd22", "#7f7f7f"]
+    fig = go.Figure()
+    annotations = []
+    for parent, child in edges:
+        if parent not in by_name or child not in by_name:
+            raise ValueError(f"edge ({parent!r}, {child!r}) names a node that is not in nodes")
+        if by_name[child]["year"] < by_name[parent]["year"]:
+            raise ValueError(f"edge ({parent!r}, {child!r}) points back in time")
+        (x0, y0), (x1, y1) = pos[parent], pos[child]
+        annotations.append(dict(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", text="",
+                                showarrow=True, arrowhead=2, arrowsize=1, arrowwidth=1, arrowcolor="#9a9a9a",
+                                standoff=6, startstandoff=6))
+    for i, fam in enumerate(families):
+        members = [nd for nd in nodes if nd["family"] == fam]
+        fig.add_trace(go.Scatter(
+            x=[pos[nd["name"]][0] for nd in members], y=[pos[nd["name"]][1] for nd in members],
+            mode="markers+text", name=fam, text=[nd["name"] for nd in members], textposition="top center",
+            marker=dict(size=10, color=colors[i % len(colors)]), textfont=dict(size=10),
+            customdata=[[nd["year"], nd.get("note", "")] for nd in members],
+            hovertemplate="<b>%{text}</b> (%{customdata[0]})<br>%{customdata[1]}<extra></extra>",
+        ))
+    years = [nd["year"] for nd in nodes]
+    fig.update_layout(
+        title=dict(text=title), height=170 + 95 * len(families), annotations=annotations,
+        xaxis=dict(title=dict(text="year of first publication (preprint)"), dtick=1,
+                   range=[min(years) - 0.6, max(years) + 0.9]),
+        yaxis=dict(tickvals=list(range(len(families))), ticktext=families, showgrid=False,
+                   range=[len(families) - 0.45, -0.65]),
+        legend=dict(orientation="h", y=-0.12),
+    )
+    return fig
+
+
+LAYER_COLORS = {"A": "#d62728", "W": "#ff7f0e", "S": "#9467bd", "L": "#e377c2", "M": "#1f77b4", "R": "#2ca02c",
+                "H": "#17becf"}
+LAYER_NAMES = {"A": "attention", "W": "local attention", "S": "shared attention + MLP", "L": "linear attention",
+               "M": "Mamba", "R": "RG-LRU", "H": "Hyena"}
+FFN_NAMES = {"f": "MLP", "E": "mixture of experts", "·": "no FFN"}
+
+
+def layer_stripes(patterns: Mapping[str, tuple[str, str]], *, title: str = "Layer patterns") -> go.Figure:
+    """One stripe per architecture, one square per layer coloured by its mixer; hover names the layer.
+
+    patterns: name -> (mixer letters, FFN letters), as ``attnlab.hybrid.pattern_string`` returns
+    (A attention, W local attention, S shared attention, L linear attention, M Mamba, R RG-LRU,
+    H Hyena; f MLP,
+    E experts, · none). Layers with experts get a diamond underneath. Clicking a legend entry
+    hides that layer type.
+    """
+    names = list(patterns)
+    fig = go.Figure()
+    for letter, color in LAYER_COLORS.items():
+        xs, ys, text = [], [], []
+        for row, name in enumerate(names):
+            mixers, ffns = patterns[name]
+            for layer, (m, f) in enumerate(zip(mixers, ffns)):
+                if m == letter:
+                    xs.append(layer)
+                    ys.append(row)
+                    text.append(f"{name}, layer {layer}: {LAYER_NAMES[m]} + {FFN_NAMES.get(f, f)}")
+        if xs:
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name=LAYER_NAMES[letter], text=text,
+                                     hovertemplate="%{text}<extra></extra>",
+                                     marker=dict(symbol="square", size=11, color=color)))
+    xs, ys = [], []
+    for row, name in enumerate(names):
+        for layer, f in enumerate(patterns[name][1]):
+            if f == "E":
+                xs.append(layer)
+                ys.append(row + 0.32)
+    if xs:
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="mixture of experts FFN", hoverinfo="skip",
+                                 marker=dict(symbol="diamond", size=6, color="#444")))
+    counts = [f"{name} ({len(patterns[name][0])} layers)" for name in names]
+    fig.update_layout(
+        title=dict(text=title), height=140 + 70 * len(names), legend=dict(orientation="h", y=-0.25),
+        xaxis=dict(title=dict(text="layer (input at the left)"), zeroline=False),
+        yaxis=dict(tickvals=list(range(len(names))), ticktext=counts, range=[len(names) - 0.4, -0.6], showgrid=False),
+    )
+    return fig
+
+
+def matrix_gallery(steps: Sequence[Mapping[str, object]], labels: Sequence[str] = ("",), *, cols: int | None = None,
+                   title: str = "", prefix: str = "", colorscale: str = HEATMAP_SCALE) -> go.Figure:
+    """Square matrices side by side, each scaled to its own maximum; a kernel-free slider switches sets.
+
+    steps: one mapping name -> (L, L) matrix per slider step (the same names in every step);
+    labels: one per step. Rows are outputs i, columns inputs j, as in a mixing matrix.
+    """
+    names = list(steps[0])
+    cols = cols or len(names)
+    rows = -(-len(names) // cols)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=names, horizontal_spacing=0.04, vertical_spacing=0.12)
+
+    def scaled(m):
+        m = _np(m)
+        top = np.nanmax(np.abs(m))
+        return m / top if top > 0 else m
+
+    for i, name in enumerate(names):
+        r, c = divmod(i, cols)
+        fig.add_trace(go.Heatmap(z=scaled(steps[0][name]), zmin=0, zmax=1, colorscale=colorscale, showscale=i == 0,
+                                 hovertemplate="output %{y}<br>input %{x}<br>scaled %{z:.3f}<extra></extra>"),
+                      row=r + 1, col=c + 1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_annotations(font_size=12)
+    fig.update_layout(height=260 * rows + 160, title=dict(text=title))
+    if len(steps) > 1:
+        slider_steps = [[{"z": [scaled(step[nm]) for nm in names]}, {}, list(range(len(names)))] for step in steps]
+        fig.update_layout(sliders=[_slider(labels, slider_steps, prefix)])
     return fig

@@ -96,3 +96,29 @@ def positional_explorer(n: int = 128) -> widgets.Widget:
     base.observe(redraw, "value")
     redraw()
     return widgets.VBox([widgets.HBox([width, base]), out])
+
+
+def kv_cache_explorer() -> widgets.Widget:
+    """Sliders for context length, batch and dtype over the KV-cache size of every preset and variant.
+
+    Bars: :data:`attnlab.kv_cache.PRESETS` (published models) and :func:`attnlab.kv_cache.variants`
+    (one Llama-2-7B-shaped model with each kind of cache), in GiB.
+    """
+    from .kv_cache import PRESETS, variants
+
+    specs = {**PRESETS, **variants()}
+    context = widgets.IntSlider(value=15, min=10, max=20, description="log₂ tokens")
+    batch = widgets.IntSlider(value=1, min=1, max=64, description="batch")
+    dtype = widgets.Dropdown(options=list(viz.DTYPE_BYTES), value="bf16 / fp16", description="dtype")
+    out = widgets.Output()
+
+    def redraw(*_):
+        n = 2**context.value
+        sizes = [spec.bytes(n, batch.value, viz.DTYPE_BYTES[dtype.value]) / 2**30 for spec in specs.values()]
+        show(out, viz.bar_chart(list(specs), sizes, y_title="GiB", log_y=True,
+                                title=f"KV cache at {n:,} tokens, batch {batch.value}, {dtype.value}"))
+
+    for w in (context, batch, dtype):
+        w.observe(redraw, "value")
+    redraw()
+    return widgets.VBox([widgets.HBox([context, batch, dtype]), out])

@@ -1,0 +1,543 @@
+"""Hybrid language models: attention layers mixed with state-space, recurrent and convolutional ones.
+
+Read alongside: Lieber et al. 2024, "Jamba: A Hybrid Transformer-Mamba Language Model" (one
+attention layer in eight, MoE every other layer; the released configuration); Glorioso et al.
+2024, "Zamba: A Compact 7B SSM Hybrid Model" (one shared attention + MLP block every six Mamba
+blocks, fed the residual stream concatenated with the input embeddings, Figure 2); De et al.
+2024, "Griffin" (two RG-LRU blocks to one local multi-query attention block); Poli et al. 2023,
+"Hyena Hierarchy", and Together AI 2023, "StripedHyena-7B" (Hyena layers striped with
+attention); Dao and Gu 2024, "Transformers are SSMs" (semiseparable matrices, §3-4);
+Waleffe et al. 2024, "An Empirical Study of Mamba-based Language Models".
+
+Shape letters (see the package docstring):
+
+    b        batch
+    L        sequence length (N in the cost formulas, as in the papers)
+    d_model  width of the residual stream (d in the cost formulas)
+    V        vocabulary size
+
+A *pattern* is a list of :class:`LayerSpec`, one per residual layer: which sequence mixer it
+has and which feed-forward network follows. :class:`HybridLM` builds any pattern at toy size;
+the calculators (:func:`parameter_count`, :func:`forward_flops`, :func:`ssm_state_bytes`) work
+from the published full-size configurations.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .blocks import FeedForward, RMSNorm
+from .hyena import HyenaOperator
+from .linear import linear_attention
+from .moe import MoEFeedForward
+from .rglru import GriffinRecurrentBlock
+from .sparse import sliding_window_mask
+from .ssm import Mamba, MambaConfig, state_size as mamba_state_size
+
+MIXERS = {"attention": "A", "local_attention": "W", "linear_attention": "L", "mamba": "M", "rglru": "R",
+          "hyena": "H", "shared_attention": "S"}
+FFNS = {None: "·", "mlp": "f", "moe": "E"}
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One residual layer: a sequence mixer (a key of ``MIXERS``) and a feed-forward network (``None``, "mlp", "moe")."""
+
+    mixer: str
+    ffn: str | None = "mlp"
+
+    def __post_init__(self):
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {sorted(MIXERS)}, got {self.mixer!r}")
+        if self.ffn not in FFNS:
+            raise ValueError(f"ffn must be one of {list(FFNS)}, got {self.ffn!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Layer patterns of published models
+# ---------------------------------------------------------------------------------------------
+
+def jamba_pattern(n_layers: int = 32, attn_period: int = 8, attn_offset: int = 4, expert_period: int = 2,
+                  expert_offset: int = 1) -> list[LayerSpec]:
+    r"""Jamba's layers (released config of Jamba-v0.1): layer l is attention when
+    :math:`l \bmod 8 = 4`, Mamba otherwise; its FFN is a mixture of experts when :math:`l \bmod 2 = 1`.
+
+    32 layers give attention at 4, 12, 20, 28: 4 attention : 28 Mamba = 1 : 7, r = 1/8.
+    """
+    if not (0 <= attn_offset < attn_period and 0 <= expert_offset < expert_period):
+        raise ValueError("offsets must lie in [0, period)")
+    return [LayerSpec("attention" if l % attn_period == attn_offset else "mamba",
+                      "moe" if l % expert_period == expert_offset else "mlp") for l in range(n_layers)]
+
+
+def zamba_pattern(n_mamba: int = 12, shared_every: int = 6) -> list[LayerSpec]:
+    """Zamba: Mamba blocks without their own MLP, and after every ``shared_every`` of them one call of
+    the *shared* attention + MLP block (the same weights each time). Zamba-7B has 76 Mamba blocks."""
+    if n_mamba < 1 or shared_every < 1:
+        raise ValueError(f"n_mamba and shared_every must be positive, got {n_mamba}, {shared_every}")
+    pattern = []
+    for i in range(1, n_mamba + 1):
+        pattern.append(LayerSpec("mamba", None))
+        if i % shared_every == 0:
+            pattern.append(LayerSpec("shared_attention", None))
+    return pattern
+
+
+def griffin_pattern(n_layers: int = 12, recurrent_per_attention: int = 2) -> list[LayerSpec]:
+    """Griffin / RecurrentGemma: residual blocks cycling (RG-LRU, RG-LRU, local MQA), each with an MLP."""
+    period = recurrent_per_attention + 1
+    return [LayerSpec("local_attention" if l % period == recurrent_per_attention else "rglru")
+            for l in range(n_layers)]
+
+
+def striped_hyena_pattern(n_layers: int = 32, attention_layers=None) -> list[LayerSpec]:
+    """StripedHyena: Hyena layers striped with attention layers, each with an MLP.
+
+    Default: StripedHyena-7B's released configuration, attention on the odd layers (16 of 32,
+    1 : 1). ``attention_layers`` picks others (the Evo-style configuration uses 8, 16, 24).
+    """
+    chosen = set(range(1, n_layers, 2)) if attention_layers is None else set(attention_layers)
+    if any(not 0 <= l < n_layers for l in chosen):
+        raise ValueError(f"attention_layers must lie in [0, {n_layers}), got {sorted(chosen)}")
+    return [LayerSpec("attention" if l in chosen else "hyena") for l in range(n_layers)]
+
+
+def uniform_pattern(mixer: str, n_layers: int, ffn: str | None = "mlp") -> list[LayerSpec]:
+    """n_layers identical layers: a Transformer ("attention"), a pure Mamba stack ("mamba", ffn None), ..."""
+    return [LayerSpec(mixer, ffn) for _ in range(n_layers)]
+
+
+def pattern_string(pattern: list[LayerSpec]) -> tuple[str, str]:
+    """Two strings, one letter per layer: the mixers (A attention, W local attention, L linear
+    attention, M Mamba, R RG-LRU, H Hyena, S shared attention) and the FFNs (f MLP, E experts, · none)."""
+    return "".join(MIXERS[s.mixer] for s in pattern), "".join(FFNS[s.ffn] for s in pattern)
+
+
+def attention_fraction(pattern: list[LayerSpec], *, include_local: bool = False) -> float:
+    r"""r = (attention layers) / (sequence-mixing layers); local attention counts only if asked."""
+    kinds = {"attention", "shared_attention"} | ({"local_attention"} if include_local else set())
+    return sum(s.mixer in kinds for s in pattern) / len(pattern)
+
+
+# ---------------------------------------------------------------------------------------------
+# The toy model
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class HybridConfig:
+    """Sizes of a toy :class:`HybridLM`. ``window`` is the causal window of local attention
+    (keys t − w … t); local attention uses one key/value head (MQA), as Griffin does."""
+
+    vocab: int = 64
+    d_model: int = 32
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    window: int = 8
+    d_ff: int | None = None
+    d_state: int = 8
+    expand: int = 2
+    n_experts: int = 4
+    top_k: int = 2
+    hyena_state: int = 2
+    mamba_method: str = "chunked"
+
+
+class CausalSelfAttention(nn.Module):
+    r"""Causal multi-head self-attention, optionally limited to a causal window: keys :math:`t - w \le s \le t`."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, window: int | None = None):
+        super().__init__()
+        self.window = window
+        self.attn = MultiHeadAttention(d_model, n_heads, n_kv_heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = None if self.window is None else sliding_window_mask(x.shape[1], self.window, causal=True).to(x.device)
+        return self.attn(x, mask=mask, causal=True)
+
+
+class CausalLinearAttention(nn.Module):
+    r"""Causal linear attention with elu + 1 features (``attnlab.linear``), one state per head:
+
+    .. math:: o_t = \frac{\phi(q_t)^\top S_t}{\phi(q_t)^\top z_t}, \quad S_t = S_{t-1} + \phi(k_t) v_t^\top, \quad z_t = z_{t-1} + \phi(k_t)
+
+    computed in the chunked form. State at inference: h (d_h² + d_h) numbers, whatever the length.
+    """
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, d = x.shape
+        q, k, v = (t.view(b, length, self.n_heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        out = linear_attention(q, k, v, causal=True, method="chunked")
+        return self.out_proj(out.transpose(1, 2).reshape(b, length, d))
+
+    def state_size(self) -> int:
+        return self.n_heads * (self.head_dim**2 + self.head_dim)
+
+
+class SharedAttentionBlock(nn.Module):
+    r"""Zamba's shared block (Glorioso et al. 2024, Figure 2): attention on the concatenation of the
+    residual stream x and the input embeddings e, then an MLP.
+
+    .. math:: a = \mathrm{Attn}\big(\mathrm{RMSNorm}([x; e])\big) \in \mathbb R^{d}, \qquad
+              \text{out} = a + \mathrm{MLP}(\mathrm{RMSNorm}(a))
+
+    Queries, keys and values are projections of the 2d-wide input; the output projection maps
+    back to d. One instance is called at several depths; each call site adds its own d × d
+    linear map of the output to the residual stream.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int | None = None):
+        super().__init__()
+        self.norm_in = RMSNorm(2 * d_model)
+        self.attn = MultiHeadAttention(2 * d_model, n_heads)
+        self.attn.out_proj = nn.Linear(2 * d_model, d_model, bias=False)          # 2d heads → d
+        self.norm_ff = RMSNorm(d_model)
+        self.ffn = FeedForward(d_model, d_ff)
+
+    def forward(self, x: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        a = self.attn(self.norm_in(torch.cat([x, embeddings], dim=-1)), causal=True)
+        return a + self.ffn(self.norm_ff(a))
+
+
+def build_mixer(kind: str, config: HybridConfig) -> nn.Module:
+    """A sequence mixer (b, L, d_model) → (b, L, d_model) of the given kind, at the config's size."""
+    c = config
+    if kind == "attention":
+        return CausalSelfAttention(c.d_model, c.n_heads, c.n_kv_heads)
+    if kind == "local_attention":
+        return CausalSelfAttention(c.d_model, c.n_heads, 1, window=c.window)
+    if kind == "linear_attention":
+        return CausalLinearAttention(c.d_model, c.n_heads)
+    if kind == "mamba":
+        return Mamba(MambaConfig(d_model=c.d_model, d_state=c.d_state, expand=c.expand, method=c.mamba_method))
+    if kind == "rglru":
+        return GriffinRecurrentBlock(c.d_model)
+    if kind == "hyena":
+        return HyenaOperator(c.d_model, filter_state=c.hyena_state)
+    raise ValueError(f"kind must be one of {sorted(set(MIXERS) - {'shared_attention'})}, got {kind!r}")
+
+
+class HybridLayer(nn.Module):
+    r"""One pre-norm residual layer: :math:`x \leftarrow x + \mathrm{Mixer}(\mathrm{RMSNorm}(x))`, then
+    :math:`x \leftarrow x + \mathrm{FFN}(\mathrm{RMSNorm}(x))` if the layer has one. A shared-attention
+    layer instead adds :math:`W_l\, \mathrm{Shared}(x, e)` with its own :math:`W_l`."""
+
+    def __init__(self, spec: LayerSpec, config: HybridConfig, shared: SharedAttentionBlock | None = None):
+        super().__init__()
+        self.spec = spec
+        d = config.d_model
+        if spec.mixer == "shared_attention":
+            self.shared, self.proj = shared, nn.Linear(d, d, bias=False)
+        else:
+            self.norm, self.mixer = RMSNorm(d), build_mixer(spec.mixer, config)
+        if spec.ffn is not None:
+            d_ff = config.d_ff or 4 * d
+            self.ffn_norm = RMSNorm(d)
+            self.ffn = (MoEFeedForward(d, d_ff, config.n_experts, config.top_k) if spec.ffn == "moe"
+                        else FeedForward(d, d_ff))
+
+    def forward(self, x: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        if self.spec.mixer == "shared_attention":
+            x = x + self.proj(self.shared(x, embeddings))
+        else:
+            x = x + self.mixer(self.norm(x))
+        if self.spec.ffn is not None:
+            x = x + self.ffn(self.ffn_norm(x))
+        return x
+
+
+class HybridLM(nn.Module):
+    """A language model of any layer pattern: tokens (b, L) → logits (b, L, V).
+
+    ``pattern`` is a list of :class:`LayerSpec` (or a pattern builder's output). A Zamba-style
+    pattern's shared-attention layers all call one :class:`SharedAttentionBlock`, counted once
+    by ``parameters()``. After a forward pass, :meth:`aux_loss` is the sum of the MoE layers'
+    Switch losses (0 without MoE).
+    """
+
+    def __init__(self, pattern: list[LayerSpec], config: HybridConfig | None = None):
+        super().__init__()
+        if not pattern:
+            raise ValueError("pattern must have at least one layer")
+        self.pattern, self.config = list(pattern), config or HybridConfig()
+        c = self.config
+        self.embed = nn.Embedding(c.vocab, c.d_model)
+        needs_shared = any(s.mixer == "shared_attention" for s in pattern)
+        self.shared = SharedAttentionBlock(c.d_model, c.n_heads, c.d_ff) if needs_shared else None
+        self.layers = nn.ModuleList(HybridLayer(s, c, self.shared) for s in pattern)
+        self.norm_f = RMSNorm(c.d_model)
+        self.head = nn.Linear(c.d_model, c.vocab, bias=False)
+
+    def hidden_states(self, embeddings: torch.Tensor) -> list[torch.Tensor]:
+        """The residual stream after each layer, from the embeddings (b, L, d_model): a list of (b, L, d_model)."""
+        x, out = embeddings, []
+        for layer in self.layers:
+            x = layer(x, embeddings)
+            out.append(x)
+        return out
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
+            raise ValueError(f"tokens must be integer (b, L), got {tuple(tokens.shape)} {tokens.dtype}")
+        return self.head(self.norm_f(self.hidden_states(self.embed(tokens))[-1]))
+
+    def aux_loss(self) -> torch.Tensor:
+        """Sum of the Switch load-balancing losses of the MoE layers in the last forward pass."""
+        losses = [layer.ffn.aux_loss for layer in self.layers if isinstance(getattr(layer, "ffn", None), MoEFeedForward)]
+        return torch.stack(losses).sum() if losses else torch.zeros(())
+
+    def state_size(self, seq_len: int) -> int:
+        """Numbers one sequence keeps between tokens at inference after ``seq_len`` tokens, all layers:
+        K and V for attention (only the window for local attention), the fixed state otherwise."""
+        c, total = self.config, 0
+        for layer in self.layers:
+            kind = layer.spec.mixer
+            if kind in ("attention", "local_attention"):
+                attn = layer.mixer.attn
+                kept = seq_len if layer.mixer.window is None else min(seq_len, layer.mixer.window + 1)
+                total += 2 * attn.n_kv_heads * attn.head_dim * kept
+            elif kind == "shared_attention":
+                total += 2 * 2 * c.d_model * seq_len
+            elif kind == "mamba":
+                mc = layer.mixer.config
+                total += mamba_state_size(mc.d_inner, mc.d_state, mc.d_conv)
+            else:
+                total += layer.mixer.state_size()
+        return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Calculators for published, full-size configurations
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A published configuration, enough to count parameters: layer l is attention when
+    ``l % attn_period == attn_offset`` (Mamba otherwise) and has a mixture-of-experts FFN when
+    ``n_experts > 1`` and ``l % expert_period == expert_offset`` (a dense FFN otherwise).
+
+    glu: the FFN is gated (SwiGLU: three d × d_ff matrices) rather than two matrices;
+    mamba_inner_norms: Jamba's RMSNorms on Δ, B and C inside its Mamba layers.
+    """
+
+    name: str
+    vocab: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    attn_period: int = 1
+    attn_offset: int = 0
+    n_experts: int = 1
+    top_k: int = 1
+    expert_period: int = 1
+    expert_offset: int = 0
+    d_state: int = 16
+    d_conv: int = 4
+    expand: int = 2
+    dt_rank: int | None = None
+    glu: bool = True
+    ffn_bias: bool = False
+    tie_embeddings: bool = False
+    mamba_inner_norms: bool = False
+    source: str = ""
+
+    def pattern(self) -> list[LayerSpec]:
+        return [LayerSpec("attention" if l % self.attn_period == self.attn_offset else "mamba",
+                          "moe" if self.n_experts > 1 and l % self.expert_period == self.expert_offset else "mlp")
+                for l in range(self.n_layers)]
+
+
+JAMBA_V01 = ModelConfig("Jamba-v0.1", vocab=65536, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8, d_ff=14336,
+                        attn_period=8, attn_offset=4, n_experts=16, top_k=2, expert_period=2, expert_offset=1,
+                        d_state=16, d_conv=4, expand=2, dt_rank=256, mamba_inner_norms=True,
+                        source="Lieber et al. 2024 and the released config of ai21labs/Jamba-v0.1")
+MIXTRAL_8X7B = ModelConfig("Mixtral-8x7B", vocab=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=8,
+                           d_ff=14336, n_experts=8, top_k=2, source="Jiang et al. 2024, table 1")
+LLAMA2_7B = ModelConfig("Llama-2-7B", vocab=32000, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=32,
+                        d_ff=11008, source="Touvron et al. 2023, released config")
+PUBLISHED = {c.name: c for c in (JAMBA_V01, MIXTRAL_8X7B, LLAMA2_7B)}
+
+
+def mamba_parameters(d_model: int, d_state: int = 16, d_conv: int = 4, expand: int = 2, dt_rank: int | None = None,
+                     inner_norms: bool = False) -> int:
+    r"""Parameters of one Mamba mixer (as ``attnlab.ssm.Mamba``), :math:`E = ` expand, R = dt_rank:
+
+    .. math:: \underbrace{2Ed^2}_{\text{in\_proj}} + \underbrace{Ed(d_\text{conv}+1)}_{\text{conv}}
+              + \underbrace{Ed(R + 2n)}_{\text{x\_proj}} + \underbrace{(R+1)Ed}_{\text{dt\_proj}}
+              + \underbrace{Ed\,n + Ed}_{A_\text{log},\,D} + \underbrace{Ed^2}_{\text{out\_proj}}
+
+    — about :math:`3Ed^2 = 6d^2`, not "3d² (A, B, C)". ``inner_norms`` adds Jamba's R + 2n.
+    """
+    d_inner, rank = expand * d_model, dt_rank or -(-d_model // 16)
+    return (2 * d_inner * d_model + d_inner * (d_conv + 1) + d_inner * (rank + 2 * d_state) + (rank + 1) * d_inner
+            + d_inner * d_state + d_inner + d_inner * d_model + ((rank + 2 * d_state) if inner_norms else 0))
+
+
+def attention_parameters(d_model: int, n_heads: int, n_kv_heads: int) -> int:
+    r"""Parameters of one attention mixer without biases: :math:`2d^2 + 2 d\, h_{kv} d_h` (W^Q, W^O, W^K, W^V)."""
+    head_dim = d_model // n_heads
+    return 2 * d_model * d_model + 2 * d_model * n_kv_heads * head_dim
+
+
+def ffn_parameters(d_model: int, d_ff: int, *, glu: bool = True, bias: bool = False) -> int:
+    r"""One feed-forward network: :math:`3 d\, d_{ff}` gated (SwiGLU), :math:`2 d\, d_{ff}` (+ d_ff + d biases) otherwise."""
+    return (3 if glu else 2) * d_model * d_ff + ((d_ff + d_model) if bias else 0)
+
+
+def parameter_count(config: ModelConfig) -> dict[str, int]:
+    r"""Total and active parameters of a configuration, by part.
+
+    Active parameters are those one token uses: everything except the :math:`E - k` experts it
+    is not routed to in each MoE layer,
+
+    .. math:: N_\text{active} = N_\text{total} - n_\text{MoE}\,(E - k)\, N_\text{FFN}
+
+    For Jamba-v0.1 this gives 51.6B total and 12.1B active: a fraction 0.235, not k/E = 1/8,
+    because only half the layers have experts and the embeddings, Mamba and attention layers
+    and the dense FFNs are always active.
+    """
+    c = config
+    pattern = c.pattern()
+    n_attn = sum(s.mixer == "attention" for s in pattern)
+    n_moe = sum(s.ffn == "moe" for s in pattern)
+    ffn = ffn_parameters(c.d_model, c.d_ff, glu=c.glu, bias=c.ffn_bias)
+    parts = {
+        "embeddings": c.vocab * c.d_model * (1 if c.tie_embeddings else 2),
+        "attention": n_attn * attention_parameters(c.d_model, c.n_heads, c.n_kv_heads),
+        "mamba": (c.n_layers - n_attn) * mamba_parameters(c.d_model, c.d_state, c.d_conv, c.expand, c.dt_rank,
+                                                          c.mamba_inner_norms),
+        "dense FFN": (c.n_layers - n_moe) * ffn,
+        "experts": n_moe * c.n_experts * ffn,
+        "routers": n_moe * c.d_model * c.n_experts,
+        "norms": (2 * c.n_layers + 1) * c.d_model,
+    }
+    parts["total"] = sum(parts.values())
+    parts["active"] = parts["total"] - n_moe * (c.n_experts - c.top_k) * ffn
+    return parts
+
+
+def ssm_state_bytes(n_layers: int, d_inner: int, d_state: int = 16, d_conv: int = 4, batch: int = 1,
+                    bytes_per_element: float = 2) -> float:
+    r"""Bytes of the recurrent state of ``n_layers`` Mamba layers: :math:`L\, d_\text{inner}(n + d_\text{conv} - 1)\, b\,` bytes,
+    independent of the context length (``attnlab.ssm.state_size`` per layer)."""
+    return n_layers * mamba_state_size(d_inner, d_state, d_conv) * batch * bytes_per_element
+
+
+# ---------------------------------------------------------------------------------------------
+# The cost model
+# ---------------------------------------------------------------------------------------------
+
+def attention_layer_flops(n: int, d_model: int) -> dict[str, float]:
+    r"""Forward FLOPs (2 per multiply-add) of one attention mixer on n tokens:
+    projections :math:`8 n d^2`, scores and mixing :math:`4 n^2 d` (the full n × n product, as a dense kernel computes it)."""
+    return {"linear": 8.0 * n * d_model**2, "quadratic": 4.0 * n * n * d_model}
+
+
+def mamba_layer_flops(n: int, d_model: int, d_state: int = 16, expand: int = 2, d_conv: int = 4,
+                      dt_rank: int | None = None) -> float:
+    r"""Forward FLOPs of one Mamba mixer on n tokens, :math:`E` = expand, :math:`R` = dt_rank:
+
+    .. math:: n\big[\,2 d (2Ed) + 2Ed\,d_\text{conv} + 2Ed(R + 2N_s) + 2R\,Ed + 9\,Ed\,N_s + 2Ed\,d\,\big]
+
+    (in_proj, conv, x_proj, dt_proj, the scan — about 9 operations per state and token for
+    exp, the two products of the update, and :math:`C_t^\top h_t` — and out_proj). Linear in n.
+    """
+    d_inner, rank = expand * d_model, dt_rank or -(-d_model // 16)
+    return float(n * (4 * d_model * d_inner + 2 * d_inner * d_conv + 2 * d_inner * (rank + 2 * d_state)
+                      + 2 * rank * d_inner + 9 * d_inner * d_state + 2 * d_inner * d_model))
+
+
+def forward_flops(n: int, d_model: int, n_layers: int, attn_fraction: float, d_ff: int | None = None,
+                  d_state: int = 16, expand: int = 2) -> dict[str, float]:
+    r"""Forward FLOPs of a stack of ``n_layers`` layers, a fraction r of them attention, the rest Mamba, each with an FFN.
+
+    .. math:: F(n) = rL\,(8nd^2 + 4n^2 d) + (1 - r)L\,F_\text{Mamba}(n) + L \cdot 4 n d\, d_{ff}
+
+    For r > 0 the quadratic term wins once n passes :math:`n^* = F_\text{lin}/(4 r L d)`: a hybrid
+    is still :math:`O(n^2)`, with a constant r times smaller, not "O(n) on average".
+    """
+    if not 0 <= attn_fraction <= 1:
+        raise ValueError(f"attn_fraction must lie in [0, 1], got {attn_fraction}")
+    d_ff = d_ff or 4 * d_model
+    n_attn = round(attn_fraction * n_layers)
+    attn = attention_layer_flops(n, d_model)
+    parts = {
+        "attention (quadratic)": n_attn * attn["quadratic"],
+        "attention (projections)": n_attn * attn["linear"],
+        "mamba": (n_layers - n_attn) * mamba_layer_flops(n, d_model, d_state, expand),
+        "ffn": n_layers * 4.0 * n * d_model * d_ff,
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def local_exponent(ns, flops) -> list[float]:
+    r"""The local growth exponent :math:`\mathrm d \log F / \mathrm d \log n` between consecutive points (len(ns) − 1 values)."""
+    return [math.log(f1 / f0) / math.log(n1 / n0) for n0, n1, f0, f1 in zip(ns, ns[1:], flops, flops[1:])]
+
+
+# ---------------------------------------------------------------------------------------------
+# The matrix view
+# ---------------------------------------------------------------------------------------------
+
+def mixing_matrix(mixer, x: torch.Tensor) -> torch.Tensor:
+    r"""How much each output position depends on each input position, from the module's Jacobian.
+
+    .. math:: M_{ij} = \Big\| \frac{\partial y_i}{\partial x_j} \Big\|_F, \qquad y = \mathrm{mixer}(x)
+
+    For a linear mixer this is the norm of the (i, j) block of its matrix; for attention or a
+    selective SSM it is the matrix of the mixer linearised at x. A causal mixer gives a
+    lower-triangular M.
+
+    Args: mixer (b, L, d) → (b, L, d'); x (L, d), one sequence. Returns M (L, L).
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be one sequence (L, d), got {tuple(x.shape)}")
+    jac = torch.autograd.functional.jacobian(lambda z: mixer(z.unsqueeze(0)).squeeze(0), x)   # (L, d', L, d)
+    return jac.pow(2).sum((1, 3)).sqrt()
+
+
+def semiseparable_matrix(delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor) -> torch.Tensor:
+    r"""The L × L matrix of one channel of a selective SSM (Dao and Gu 2024, §3):
+
+    .. math:: M_{ij} = C_i^\top \Big(\prod_{k=j+1}^{i} e^{\Delta_k A}\Big) \Delta_j B_j \quad (j \le i), \qquad 0 \ (j > i)
+
+    so that :math:`y = M u` is the scan :math:`h_t = e^{\Delta_t A} h_{t-1} + \Delta_t B_t u_t`,
+    :math:`y_t = C_t^\top h_t`. Every block :math:`M[i \ge k,\ j < k]` below the diagonal has rank ≤ n
+    (the matrix is n-semiseparable).
+
+    Args: delta (L,) positive; A (n,) negative; B, C (L, n). Returns M (L, L).
+    """
+    length = delta.shape[0]
+    if B.shape != (length, A.shape[0]) or C.shape != B.shape:
+        raise ValueError(f"B and C must be (L, n) = ({length}, {A.shape[0]}), got {tuple(B.shape)}, {tuple(C.shape)}")
+    cum = torch.cumsum(delta.unsqueeze(-1) * A, dim=0)                         # (L, n): Σ_{k ≤ i} Δ_k A
+    decay = (cum.unsqueeze(1) - cum.unsqueeze(0))                               # (i, j, n): Σ_{j < k ≤ i}
+    lower = torch.tril(torch.ones(length, length, dtype=torch.bool, device=delta.device))
+    decay = torch.where(lower.unsqueeze(-1), decay, torch.full_like(decay, float("-inf")))
+    return torch.einsum("in,ijn,jn->ij", C, decay.exp(), delta.unsqueeze(-1) * B)
+
+
+def lower_block_rank(matrix: torch.Tensor, rtol: float = 1e-6) -> int:
+    r"""The largest numerical rank of the blocks :math:`M[k:, :k]` strictly below the diagonal, k = 1 … L − 1.
+
+    n-semiseparable matrices (selective SSMs with state n, masked linear attention with key
+    dimension n) give at most n; causal softmax attention generically gives full rank.
+    """
+    length = matrix.shape[0]
+    ranks = [int(torch.linalg.matrix_rank(matrix[k:, :k].double(), rtol=rtol)) for k in range(1, length)]
+    return max(ranks)
+

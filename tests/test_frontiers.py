@@ -1,0 +1,308 @@
+"""Chapter 14's library: every alternative form equals its reference (ring, MLA, speculative
+sampling, NSA branches), quantisation errors fall with K smoothing, MoD routes exactly k tokens."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+from attnlab.attention import causal_mask, scaled_dot_product_attention
+from attnlab.mla import MultiHeadLatentAttention
+from attnlab.mod import MixtureOfDepths, block_flops_fraction, routed_tokens, top_k_route
+from attnlab.models import GPTConfig, MicroGPT
+from attnlab.nsa import compress, keys_attended, native_sparse_attention, selection_mask
+from attnlab.numerics import agrees, error_ratio, max_abs_error
+from attnlab.quant import fake_fp4, quantize_int8, quantized_attention, smooth_keys
+from attnlab.ring import merge_partials, ring_attention, ring_costs, ring_schedule
+from attnlab.sparse import sliding_window_mask
+from attnlab.speculative import (
+    acceptance_rate, autoregressive_distribution, expected_speedup, expected_tokens_per_step, next_token_probs,
+    output_distribution, residual_distribution, speculative_generate, step_distribution, verify,
+)
+
+
+def qkv(b, h, n, d, seed, h_kv=None, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, n, d, generator=g, dtype=dtype), torch.randn(b, h_kv or h, n, d, generator=g, dtype=dtype),
+            torch.randn(b, h_kv or h, n, d, generator=g, dtype=dtype))
+
+
+# ---- ring attention -------------------------------------------------------------------------
+
+@given(st.integers(1, 70), st.integers(1, 9), st.booleans(), st.integers(1, 9), st.integers(0, 999))
+def test_ring_attention_equals_exact_attention(n, devices, causal, block, seed):
+    q, k, v = qkv(2, 2, n, 8, seed)
+    ours = ring_attention(q, k, v, devices, causal=causal, block=block)
+    mask = causal_mask(n) if causal else None
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), causal=causal)
+    theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert agrees(ours, theirs, exact, scale=v.abs().max().item()), error_ratio(ours, theirs, exact)
+
+
+def test_ring_attention_gqa_and_large_n():
+    q, k, v = qkv(1, 4, 1000, 16, 1, h_kv=2)
+    for causal in (False, True):
+        ours = ring_attention(q, k, v, 7, causal=causal)
+        exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), causal=causal)
+        theirs = scaled_dot_product_attention(q, k, v, causal=causal)
+        assert agrees(ours, theirs, exact, scale=v.abs().max().item())
+
+
+def test_merge_of_two_halves_is_the_whole():
+    q, k, v = qkv(1, 1, 10, 4, 3, dtype=torch.float64)
+    parts = []
+    for sl in (slice(0, 4), slice(4, 10)):
+        s = q @ k[..., sl, :].transpose(-2, -1) / 2
+        parts += [torch.softmax(s, -1) @ v[..., sl, :], torch.logsumexp(s, -1)]
+    merged, lse = merge_partials(*parts)
+    assert torch.allclose(merged, scaled_dot_product_attention(q, k, v))
+    assert torch.allclose(lse, torch.logsumexp(q @ k.transpose(-2, -1) / 2, -1))
+    empty = torch.full((1, 1, 10), float("inf"), dtype=torch.float64)
+    same, same_lse = merge_partials(torch.zeros_like(merged), empty, merged, lse)      # +inf = saw no key
+    assert torch.equal(same, merged) and torch.equal(same_lse, lse)
+
+
+def test_ring_schedule_and_costs():
+    schedule = ring_schedule(4)
+    assert schedule[0] == [0, 1, 2, 3] and schedule[1] == [3, 0, 1, 2]
+    assert all(sorted(col) == [0, 1, 2, 3] for col in zip(*schedule))          # every device sees every block once
+    one, eight = ring_costs(1 << 20, 128, 1), ring_costs(1 << 20, 128, 8)
+    assert eight["memory per device"] * 8 == one["memory per device"]
+    assert one["sent per device"] == 0 and eight["sent per device"] == 7 * 2 * (1 << 17) * 128 * 2
+    with pytest.raises(ValueError, match="n_devices"):
+        ring_attention(*qkv(1, 1, 4, 2, 0), 0)
+
+
+# ---- multi-head latent attention ------------------------------------------------------------
+
+@given(st.integers(1, 20), st.integers(1, 4), st.sampled_from([2, 4, 8]), st.integers(0, 99))
+def test_mla_absorbed_equals_explicit(length, heads, d_rope, seed):
+    torch.manual_seed(seed)
+    layer = MultiHeadLatentAttention(d_model=24, n_heads=heads, d_head=8, d_latent=12, d_rope=d_rope)
+    x = torch.randn(2, length, 24)
+    exact = layer.double()(x.double())
+    explicit = layer.float()(x)
+    absorbed = layer(x, absorbed=True)
+    assert agrees(absorbed, explicit, exact), error_ratio(absorbed, explicit, exact)
+
+
+def test_mla_is_causal_and_caches_the_latent():
+    torch.manual_seed(0)
+    layer = MultiHeadLatentAttention(32, 4, 8, 16, 4).double()
+    x = torch.randn(1, 12, 32, dtype=torch.float64)
+    y = x.clone()
+    y[:, 7:] += 1
+    assert torch.allclose(layer(x)[:, :7], layer(y)[:, :7])
+    c, k_rope = layer.latent_cache(x)
+    assert c.shape == (1, 12, 16) and k_rope.shape == (1, 1, 12, 4)
+    with pytest.raises(ValueError, match="d_rope must be even"):
+        MultiHeadLatentAttention(32, 4, 8, 16, 3)
+
+
+# ---- speculative decoding -------------------------------------------------------------------
+
+def test_expected_tokens_and_speedup():
+    assert expected_tokens_per_step(0.0, 4) == 1 and expected_tokens_per_step(1.0, 4) == 5
+    assert expected_tokens_per_step(0.8, 4) == pytest.approx(sum(0.8 ** i for i in range(5)))
+    assert expected_speedup(0.8, 4, 0.05) == pytest.approx((1 - 0.8 ** 5) / (0.2 * 1.2))
+    assert expected_speedup(0.8, 4, 0.05) > 2                                      # the source's formula never exceeds 1
+
+
+def tiny_pair(vocab=4, seed=0):
+    torch.manual_seed(seed)
+    target = MicroGPT(GPTConfig(vocab_size=vocab, max_len=16, n_layers=2, d_model=16, n_heads=2))
+    draft = MicroGPT(GPTConfig(vocab_size=vocab, max_len=16, n_layers=1, d_model=8, n_heads=1))
+    for model in (target, draft):                     # sharpen the initial near-uniform distributions
+        model.lm_head.weight.data.mul_(40)
+    return target.eval(), draft.eval()
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+def test_speculative_output_distribution_is_the_targets(gamma):
+    target, draft = tiny_pair()
+    p, q = next_token_probs(target), next_token_probs(draft)
+    prefix, vocab = (1, 3), 4
+    assert acceptance_rate(p(prefix), q(prefix)) < 0.95                    # the draft really differs
+    spec = output_distribution(p, q, prefix, gamma, 3, vocab)
+    plain = autoregressive_distribution(p, prefix, 3, vocab)
+    assert spec.sum().item() == pytest.approx(1.0, abs=1e-12)
+    assert max_abs_error(spec, plain) < 1e-12
+
+
+def test_step_distribution_of_one_token_is_p():
+    p_vec = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64)
+    q_vec = torch.tensor([0.1, 0.1, 0.2, 0.6], dtype=torch.float64)
+    step = step_distribution(lambda s: p_vec, lambda s: q_vec, (), 1)
+    first = torch.zeros(4, dtype=torch.float64)
+    for tokens, prob in step.items():
+        first[tokens[0]] += prob
+    assert torch.allclose(first, p_vec)
+    assert torch.allclose(residual_distribution(p_vec, q_vec), torch.tensor([0.4, 0.2, 0.0, 0.0], dtype=torch.float64) / 0.6)
+    assert torch.equal(residual_distribution(p_vec, p_vec), p_vec)
+
+
+def test_verify_samples_match_the_exact_distribution():
+    p = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]], dtype=torch.float64)
+    q = torch.tensor([[0.2, 0.2, 0.6]], dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(3, dtype=torch.float64)
+    trials = 20000
+    for _ in range(trials):
+        draft = int(torch.multinomial(q[0], 1, generator=g))
+        counts[verify(p, q, [draft], g)[0]] += 1
+    assert max_abs_error(counts / trials, p[0]) < 4 * math.sqrt(0.25 / trials)   # 4 standard errors
+
+
+def test_speculative_generate_with_micro_gpts():
+    target, draft = tiny_pair(vocab=6, seed=1)
+    ids, stats = speculative_generate(target, draft, torch.tensor([[0, 1]]), 12, gamma=3,
+                                      generator=torch.Generator().manual_seed(0))
+    assert ids.shape == (1, 14) and 0 <= stats["acceptance"] <= 1
+    assert stats["drafted"] <= 3 * stats["steps"] and stats["steps"] <= 12
+    assert stats["accepted"] + stats["steps"] == 12                              # each step adds one non-draft token
+    same, _ = speculative_generate(target, target, torch.tensor([[0, 1]]), 12, gamma=3,
+                                   generator=torch.Generator().manual_seed(0))
+    assert same.shape == (1, 14)
+    _, perfect = speculative_generate(target, target, torch.tensor([[0, 1]]), 12, gamma=3)
+    assert perfect["acceptance"] == 1.0                                            # a draft equal to the target
+
+
+# ---- native sparse attention ----------------------------------------------------------------
+
+def test_nsa_shapes_and_branch_limits():
+    q, k, v = qkv(2, 4, 45, 8, 0, h_kv=2, dtype=torch.float64)
+    gates = torch.rand(2, 4, 45, 3, dtype=torch.float64)
+    out, branches = native_sparse_attention(q, k, v, gates, block=8, n_selected=2, window=5, return_branches=True)
+    assert out.shape == (2, 4, 45, 8)
+    assert all(branches[name].shape == (2, 4, 45, 8) for name in ("compressed", "selected", "window"))
+    selected = branches["selection_mask"]
+    assert selected.shape == (2, 2, 45, 45) and not selected.triu(1).any()            # causal
+    blocks_used = F.pad(selected, (0, 3)).unflatten(-1, (6, 8)).any(-1).sum(-1)
+    assert blocks_used.max() <= 2 and selected.diagonal(dim1=-2, dim2=-1).all()        # own block always in
+    assert torch.allclose(out, gates[..., :1] * branches["compressed"] + gates[..., 1:2] * branches["selected"]
+                          + gates[..., 2:] * branches["window"])
+    assert compress(k, 8).shape == (2, 2, 5, 8)
+    assert keys_attended(65536, block=64, n_selected=16, window=512)["selected"] == 1024
+
+
+def test_nsa_is_causal():
+    q, k, v = qkv(1, 2, 40, 8, 1, dtype=torch.float64)
+    gates = torch.rand(1, 2, 40, 3, dtype=torch.float64)
+    base = native_sparse_attention(q, k, v, gates, block=4, n_selected=3, window=6)
+    k2, v2, q2 = k.clone(), v.clone(), q.clone()
+    k2[..., 25:, :] += 3
+    v2[..., 25:, :] -= 2
+    q2[..., 25:, :] *= -1
+    moved = native_sparse_attention(q2, k2, v2, gates, block=4, n_selected=3, window=6)
+    assert torch.equal(moved[..., :25, :], base[..., :25, :])
+
+
+def test_nsa_branches_reduce_to_known_attention():
+    q, k, v = qkv(1, 2, 37, 8, 2, dtype=torch.float64)
+    gates = torch.rand(1, 2, 37, 3, dtype=torch.float64)
+    full = scaled_dot_product_attention(q, k, v, causal=True)
+    _, every = native_sparse_attention(q, k, v, gates, block=8, n_selected=5, window=3, return_branches=True)
+    assert torch.allclose(every["selected"], full)                           # all blocks selected = full causal
+    window = scaled_dot_product_attention(q, k, v, sliding_window_mask(37, 3, causal=True))
+    assert torch.allclose(every["window"], window)
+    k_cmp, v_cmp = compress(k, 8), compress(v, 8)                             # query 20 sees blocks 0 and 1
+    ref = scaled_dot_product_attention(q[..., 20:21, :], k_cmp[..., :2, :], v_cmp[..., :2, :])
+    assert torch.allclose(every["compressed"][..., 20:21, :], ref)
+    assert every["compressed"][..., :7, :].abs().max() == 0                    # no complete block yet: zeros
+
+
+def test_selection_follows_importance():
+    importance = torch.tensor([[[[0.1, 0.7, 0.2, 0.0]]]]).expand(1, 1, 32, 4)
+    mask = selection_mask(importance, 32, 8, 2)
+    assert mask[0, 0, 31].view(4, 8).any(-1).tolist() == [False, True, False, True]   # block 1 and its own block 3
+    with pytest.raises(ValueError, match="gates must have shape"):
+        native_sparse_attention(*qkv(1, 2, 8, 4, 0), torch.rand(1, 2, 8, 2))
+
+
+# ---- quantised attention --------------------------------------------------------------------
+
+def test_int8_quantisation_round_trip():
+    x = torch.randn(3, 37, 16)
+    ints, scale = quantize_int8(x, 8)
+    assert ints.dtype == torch.int8 and scale.shape == (3, 37, 1)
+    assert torch.all((ints * scale - x).abs() <= scale / 2 + 1e-6)
+    assert torch.equal(scale[:, :8], scale[:, :1].expand(-1, 8, -1))           # one scale per block of 8 tokens
+    y = torch.randn(4, 32)
+    assert (fake_fp4(y) - y).abs().max() <= y.abs().max() / 6                  # half the widest E2M1 gap, 2 of 6
+
+
+def test_smoothing_is_exact_without_quantisation():
+    q, k, v = qkv(1, 2, 50, 16, 0)
+    k = k + 5
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double())
+    ours = scaled_dot_product_attention(q, smooth_keys(k), v)
+    assert agrees(ours, scaled_dot_product_attention(q, k, v), exact, scale=v.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp4"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_smoothing_reduces_quantisation_error_with_a_large_key_mean(fmt, seed):
+    q, k, v = qkv(1, 4, 128, 64, seed)
+    g = torch.Generator().manual_seed(seed + 10)
+    k = k + 6 * torch.randn(1, 4, 1, 64, generator=g)                          # a shared offset, as in trained keys
+    exact = scaled_dot_product_attention(q.double(), k.double(), v.double())
+    plain = max_abs_error(quantized_attention(q, k, v, smooth_k=False, fmt=fmt), exact)
+    smooth = max_abs_error(quantized_attention(q, k, v, smooth_k=True, fmt=fmt), exact)
+    assert smooth < plain / 2, (plain, smooth)
+
+
+def test_quantized_attention_validates():
+    q, k, v = qkv(1, 2, 8, 16, 0)
+    with pytest.raises(ValueError, match="fmt must be"):
+        quantized_attention(q, k, v, fmt="int4")
+    with pytest.raises(ValueError, match="divisible by group"):
+        fake_fp4(torch.randn(3, 10))
+
+
+# ---- mixture of depths ----------------------------------------------------------------------
+
+@given(st.integers(1, 30), st.floats(0.01, 1.0), st.integers(0, 99))
+def test_mod_routes_exactly_capacity_tokens(length, capacity, seed):
+    torch.manual_seed(seed)
+    layer = MixtureOfDepths(16, 2, capacity)
+    x = torch.randn(3, length, 16)
+    out, routes = layer(x, return_routes=True)
+    k = math.ceil(capacity * length)
+    assert routes.shape == (3, k) and torch.all(routes[:, 1:] > routes[:, :-1])
+    skipped = torch.ones(3, length, dtype=torch.bool).scatter(1, routes, False)
+    assert torch.equal(out[skipped], x[skipped])                               # skipped tokens ride the residual
+
+
+def test_mod_routes_the_top_scores_and_trains_the_router():
+    scores = torch.tensor([[0.1, 0.9, -1.0, 0.5, 0.3]])
+    assert top_k_route(scores, 2).tolist() == [[1, 3]]
+    torch.manual_seed(0)
+    layer = MixtureOfDepths(16, 2, 0.5)
+    x = torch.randn(2, 10, 16)
+    layer(x).pow(2).sum().backward()
+    assert layer.router.weight.grad.abs().sum() > 0
+    full = MixtureOfDepths(16, 2, 1.0)
+    out = full(x)
+    r = full.router(x)
+    assert torch.allclose(out, x + r * (full.block(x, causal=True) - x), atol=1e-6)   # capacity 1: every token
+    assert routed_tokens(0.125, 100) == 13
+    assert block_flops_fraction(1.0, 64, 32) == 1 and block_flops_fraction(0.5, 64, 32) < 0.5
+    with pytest.raises(ValueError, match="capacity must be"):
+        MixtureOfDepths(16, 2, 0.0)
+
+
+# ---- the lineage figure ---------------------------------------------------------------------
+
+def test_lineage_graph_draws_nodes_and_forward_edges():
+    from attnlab import viz
+
+    nodes = [{"name": "A", "year": 2017, "family": "x"}, {"name": "B", "year": 2019, "family": "x"},
+             {"name": "C", "year": 2019, "family": "y", "note": "paper"}]
+    fig = viz.lineage_graph(nodes, [("A", "B"), ("A", "C")])
+    assert len(fig.data) == 2 and len(fig.layout.annotations) == 2
+    assert sorted(fig.data[0].text) == ["A", "B"]
+    with pytest.raises(ValueError, match="points back in time"):
+        viz.lineage_graph(nodes, [("B", "A")])
+    with pytest.raises(ValueError, match="not in nodes"):
+        viz.lineage_graph(nodes, [("A", "Z")])

@@ -1,0 +1,352 @@
+"""Hybrid architectures: every mixer's forms agree, every mixer and pattern is causal, the calculators
+reproduce the published numbers and the toy modules' own parameter counts."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnlab.attention import MultiHeadAttention
+from attnlab.blocks import count_parameters
+from attnlab.hybrid import (
+    JAMBA_V01, LLAMA2_7B, MIXTRAL_8X7B, HybridConfig, HybridLM, LayerSpec, ModelConfig, SharedAttentionBlock,
+    attention_fraction, build_mixer, forward_flops, griffin_pattern, jamba_pattern, local_exponent,
+    lower_block_rank, mamba_parameters, mixing_matrix, parameter_count, pattern_string, semiseparable_matrix,
+    ssm_state_bytes, striped_hyena_pattern, uniform_pattern, zamba_pattern,
+)
+from attnlab.hyena import HyenaOperator, causal_conv_direct, toeplitz
+from attnlab.kv_cache import PRESETS
+from attnlab.moe import MoEFeedForward, expert_load, switch_load_balancing_loss, toy_routing_run
+from attnlab.numerics import agrees
+from attnlab.rglru import RGLRU, GriffinRecurrentBlock, linear_recurrence, rg_lru, stationary_variance
+from attnlab.viz import layer_stripes, matrix_gallery
+from attnlab.ssm import Mamba, MambaConfig, lti_convolution, selective_scan
+
+F64 = torch.float64
+GIB = 2**30
+SMALL = HybridConfig(vocab=32, d_model=16, n_heads=2, window=3, d_state=4, n_experts=4, top_k=2)
+MIXER_KINDS = ["attention", "local_attention", "linear_attention", "mamba", "rglru", "hyena"]
+PATTERNS = {
+    "jamba": jamba_pattern(8),
+    "zamba": zamba_pattern(6, shared_every=3),
+    "griffin": griffin_pattern(6),
+    "striped_hyena": striped_hyena_pattern(4),
+    "transformer": uniform_pattern("attention", 2),
+    "mamba": uniform_pattern("mamba", 2, None),
+}
+
+
+# --- the forms of each mixer agree ---------------------------------------------------------------
+
+@given(b=st.integers(1, 3), length=st.integers(1, 70), d=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_linear_recurrence_scan_equals_loop(b, length, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(b, length, d, generator=g, dtype=F64)
+    x = torch.randn(b, length, d, generator=g, dtype=F64)
+    loop = linear_recurrence(a, x, method="loop")
+    assert torch.allclose(linear_recurrence(a, x, method="scan"), loop, rtol=1e-12, atol=1e-12)
+    assert agrees(linear_recurrence(a.float(), x.float(), method="scan"),
+                  linear_recurrence(a.float(), x.float(), method="loop"), loop)
+
+
+def test_rg_lru_scan_equals_loop_in_values_and_gradients():
+    torch.manual_seed(0)
+    layer = RGLRU(6).double()
+    x = torch.randn(2, 45, 6, dtype=F64, requires_grad=True)
+    outs, grads = [], []
+    for method in ("loop", "scan"):
+        y = layer(x, method=method)
+        outs.append(y)
+        grads.append(torch.autograd.grad(y.square().sum(), (x, layer.a_param)))
+    assert torch.allclose(outs[0], outs[1], atol=1e-12)
+    assert all(torch.allclose(g0, g1, atol=1e-10) for g0, g1 in zip(*grads))
+
+
+def test_rg_lru_decay_is_sigma_lambda_to_the_c_r():
+    x = torch.ones(1, 1, 3, dtype=F64)
+    gate_a = torch.tensor([[[0.0, 0.5, 1.0]]], dtype=F64)
+    log_a = torch.log(torch.tensor([0.9, 0.9, 0.9], dtype=F64))
+    h = rg_lru(x, gate_a, torch.ones_like(x), log_a, c=8.0)
+    a_t = 0.9 ** (8 * gate_a)                                     # σ(Λ)^{c r_t}
+    assert torch.allclose(h, torch.sqrt(1 - a_t**2))              # first step: h_0 = √(1 − a²) x
+
+
+def test_rg_lru_normalisation_bounds_the_variance():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 3000, 1, generator=g, dtype=F64)
+    ones = torch.ones_like(x)
+    for a in (0.9, 0.99):
+        log_a = torch.tensor([math.log(a) / 8], dtype=F64)         # so that a_t = a at r = 1
+        kept = rg_lru(x, ones, ones, log_a, method="scan")[:, -1].var().item()
+        raw = rg_lru(x, ones, ones, log_a, normalize=False, method="scan")[:, -1].var().item()
+        assert abs(kept - 1) < 0.25 and abs(raw * (1 - a * a) - 1) < 0.25
+
+
+@given(b=st.integers(1, 2), length=st.integers(1, 60), d=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_fft_convolution_equals_direct(b, length, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(b, d, length, generator=g, dtype=F64)
+    h = torch.randn(d, length, generator=g, dtype=F64)
+    direct = causal_conv_direct(u, h)
+    loop = torch.stack([sum(h[:, t - s] * u[..., s] for s in range(t + 1)) for t in range(length)], dim=-1)
+    assert torch.allclose(direct, loop, atol=1e-12)
+    assert torch.allclose(lti_convolution(u, h), direct, atol=1e-10)
+    assert agrees(lti_convolution(u.float(), h.float()), causal_conv_direct(u.float(), h.float()), direct)
+
+
+def test_toeplitz_is_constant_along_diagonals():
+    h = torch.arange(1.0, 6.0)
+    t = toeplitz(h)
+    assert torch.equal(torch.diagonal(t, -2), torch.full((3,), 3.0)) and torch.equal(t.triu(1), torch.zeros(5, 5))
+
+
+def test_hyena_three_forms_agree():
+    torch.manual_seed(1)
+    op = HyenaOperator(5, filter_state=3).double()
+    u = torch.randn(2, 41, 5, dtype=F64)
+    fft = op(u, method="fft")
+    for method in ("direct", "recurrent"):
+        assert torch.allclose(op(u, method=method), fft, atol=1e-11), method
+
+
+def test_semiseparable_matrix_equals_the_selective_scan():
+    g = torch.Generator().manual_seed(0)
+    length, n = 23, 4
+    u = torch.randn(length, generator=g, dtype=F64)
+    delta = torch.rand(length, generator=g, dtype=F64) * 0.5 + 0.05
+    A = -torch.rand(n, generator=g, dtype=F64) * 3 - 0.1
+    B, C = torch.randn(2, length, n, generator=g, dtype=F64)
+    M = semiseparable_matrix(delta, A, B, C)
+    scan = selective_scan(u.view(1, 1, -1), delta.view(1, 1, -1), A.view(1, -1), B.T.unsqueeze(0), C.T.unsqueeze(0))
+    assert torch.allclose(M @ u, scan.view(-1), atol=1e-12)
+    assert lower_block_rank(M) <= n
+
+
+def test_softmax_attention_is_not_low_rank_below_the_diagonal():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 24, 4, generator=g, dtype=F64)
+    weights = torch.softmax((q @ k.T).masked_fill(torch.ones(24, 24, dtype=torch.bool).triu(1), -math.inf), -1)
+    assert lower_block_rank(weights) > 4                          # more than its head dimension
+
+
+# --- causality ------------------------------------------------------------------------------------
+
+def _future_changes_past(fn, x, t):
+    y = fn(x)
+    x2 = x.clone()
+    x2[:, t:] = torch.randn_like(x2[:, t:])
+    return (fn(x2)[:, :t] - y[:, :t]).abs().max().item()
+
+
+@pytest.mark.parametrize("kind", MIXER_KINDS)
+def test_every_mixer_is_causal(kind):
+    torch.manual_seed(0)
+    mixer = build_mixer(kind, SMALL).double()
+    x = torch.randn(2, 19, SMALL.d_model, dtype=F64)
+    for t in (1, 7, 18):
+        assert _future_changes_past(mixer, x, t) < 1e-12, (kind, t)
+
+
+def test_shared_attention_block_is_causal():
+    torch.manual_seed(0)
+    block = SharedAttentionBlock(8, 2).double()
+    x, e = torch.randn(2, 2, 15, 8, dtype=F64)
+    assert _future_changes_past(lambda z: block(z, e), x, 6) < 1e-12
+    assert _future_changes_past(lambda z: block(x, z), e, 6) < 1e-12
+
+
+@pytest.mark.parametrize("name", list(PATTERNS))
+def test_every_pattern_is_causal(name):
+    torch.manual_seed(0)
+    model = HybridLM(PATTERNS[name], SMALL).double()
+    tokens = torch.randint(0, SMALL.vocab, (2, 17))
+    logits = model(tokens)
+    assert logits.shape == (2, 17, SMALL.vocab) and torch.isfinite(logits).all()
+    for t in (1, 9):
+        changed = tokens.clone()
+        changed[:, t:] = (changed[:, t:] + 1) % SMALL.vocab
+        assert (model(changed)[:, :t] - logits[:, :t]).abs().max() < 1e-12, (name, t)
+
+
+@pytest.mark.parametrize("kind", MIXER_KINDS)
+def test_mixing_matrix_is_lower_triangular(kind):
+    torch.manual_seed(0)
+    mixer = build_mixer(kind, SMALL).double()
+    M = mixing_matrix(mixer, torch.randn(12, SMALL.d_model, dtype=F64))
+    assert M.shape == (12, 12) and M.triu(1).abs().max() < 1e-12 and M.diagonal().min() > 0
+
+
+def test_local_attention_sees_only_its_window():
+    torch.manual_seed(0)
+    M = mixing_matrix(build_mixer("local_attention", SMALL).double(), torch.randn(12, SMALL.d_model, dtype=F64))
+    lag = torch.arange(12).unsqueeze(-1) - torch.arange(12)
+    assert M[lag > SMALL.window].abs().max() < 1e-12 and M[(lag >= 0) & (lag <= SMALL.window)].min() > 0
+
+
+def test_mixing_matrix_of_a_convolution_is_toeplitz():
+    h = torch.randn(1, 10, dtype=F64)
+    M = mixing_matrix(lambda x: lti_convolution(x.transpose(1, 2), h).transpose(1, 2), torch.randn(10, 1, dtype=F64))
+    assert torch.allclose(M, toeplitz(h[0]).abs(), atol=1e-12)
+
+
+# --- patterns ------------------------------------------------------------------------------------
+
+def test_jamba_pattern():
+    pattern = jamba_pattern()
+    mixers, ffns = pattern_string(pattern)
+    assert [i for i, m in enumerate(mixers) if m == "A"] == [4, 12, 20, 28]
+    assert mixers.count("M") == 28 and attention_fraction(pattern) == 1 / 8          # 1 : 7, not 1 : 8
+    assert [i for i, f in enumerate(ffns) if f == "E"] == list(range(1, 32, 2))
+    assert JAMBA_V01.pattern() == pattern
+
+
+def test_zamba_shares_one_block():
+    model = HybridLM(zamba_pattern(12), SMALL)
+    calls = [layer for layer in model.layers if layer.spec.mixer == "shared_attention"]
+    assert len(calls) == 2 and calls[0].shared is calls[1].shared and calls[0].proj is not calls[1].proj
+    unshared = count_parameters(model.shared)
+    assert count_parameters(model) == sum(count_parameters(m) for n, m in model.named_children()
+                                          if n != "layers") + sum(
+        count_parameters(l) - (unshared if l.spec.mixer == "shared_attention" else 0) for l in model.layers)
+
+
+def test_griffin_and_striped_hyena_patterns():
+    assert pattern_string(griffin_pattern(6))[0] == "RRWRRW"
+    assert attention_fraction(griffin_pattern(12), include_local=True) == 1 / 3
+    assert pattern_string(striped_hyena_pattern(32))[0] == "HA" * 16
+    assert pattern_string(striped_hyena_pattern(32, (8, 16, 24)))[0].count("A") == 3
+    with pytest.raises(ValueError, match="attention_layers"):
+        striped_hyena_pattern(8, (9,))
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="mixer"):
+        LayerSpec("transformer")
+    with pytest.raises(ValueError, match="tokens"):
+        HybridLM(jamba_pattern(8), SMALL)(torch.randn(2, 5))
+    with pytest.raises(ValueError, match=r"a and x"):
+        linear_recurrence(torch.rand(2, 3, 4), torch.rand(2, 3))
+    with pytest.raises(ValueError, match=r"\(b, L, d_model=16\)"):
+        GriffinRecurrentBlock(16)(torch.randn(2, 5, 8))
+
+
+def test_moe_pattern_adds_an_aux_loss():
+    model = HybridLM(jamba_pattern(8), SMALL)
+    model(torch.randint(0, SMALL.vocab, (2, 9)))
+    assert model.aux_loss().item() >= 0.999 * 4   # 4 MoE layers, each ≥ 1 (its value at perfect balance)
+
+
+# --- calculators -----------------------------------------------------------------------------------
+
+def test_jamba_parameters_from_its_config():
+    p = parameter_count(JAMBA_V01)
+    assert round(p["total"] / 1e9, 1) == 51.6 and round(p["active"] / 1e9, 1) == 12.1
+    assert round(p["active"] / p["total"], 3) == 0.235                  # not k / E = 1/8
+
+
+def test_mixtral_and_llama_parameters():
+    mixtral, llama = parameter_count(MIXTRAL_8X7B), parameter_count(LLAMA2_7B)
+    assert round(mixtral["total"] / 1e9, 1) == 46.7 and round(mixtral["active"] / 1e9, 1) == 12.9
+    assert round(llama["total"] / 1e9, 2) == 6.74 and llama["active"] == llama["total"]
+
+
+@pytest.mark.parametrize("attn_period,n_experts", [(8, 4), (1, 1), (3, 2)])
+def test_calculator_counts_the_toy_modules_exactly(attn_period, n_experts):
+    cfg = ModelConfig("toy", vocab=32, d_model=16, n_layers=6, n_heads=2, n_kv_heads=2, d_ff=64,
+                      attn_period=attn_period, attn_offset=attn_period // 2, n_experts=n_experts, top_k=1,
+                      expert_period=2, expert_offset=1, d_state=4, glu=False, ffn_bias=True)
+    toy = HybridConfig(vocab=32, d_model=16, n_heads=2, d_ff=64, d_state=4, n_experts=n_experts, top_k=1)
+    assert count_parameters(HybridLM(cfg.pattern(), toy)) == parameter_count(cfg)["total"]
+
+
+def test_mamba_parameter_formula():
+    for d in (16, 48):
+        assert mamba_parameters(d, 8) == count_parameters(Mamba(MambaConfig(d_model=d, d_state=8)))
+    assert 6 <= mamba_parameters(4096) / 4096**2 < 6.5
+
+
+def test_cache_and_state_at_256k():
+    n = 256 * 1024
+    sizes = {name: PRESETS[name].bytes(n) / GIB for name in ("Jamba-v0.1", "Mixtral-8x7B", "Llama-2-7B")}
+    assert sizes == {"Jamba-v0.1": 4, "Mixtral-8x7B": 32, "Llama-2-7B": 128}
+    assert round(ssm_state_bytes(28, 8192) / 1e6, 1) == 8.7
+
+
+def test_hybrids_stay_quadratic():
+    ns = [2**k for k in range(20, 27)]
+    exponents = {r: local_exponent(ns, [forward_flops(n, 4096, 32, r)["total"] for n in ns])[-1]
+                 for r in (0, 1 / 8, 1 / 4, 1)}
+    assert abs(exponents[0] - 1) < 1e-9 and all(e > 1.9 for r, e in exponents.items() if r > 0)
+    quad = {r: forward_flops(1000, 64, 8, r)["attention (quadratic)"] for r in (1 / 8, 1)}
+    assert quad[1 / 8] * 8 == quad[1]
+
+
+# --- mixture of experts ----------------------------------------------------------------------------
+
+def test_switch_loss_is_one_when_balanced_and_E_when_collapsed():
+    E, T = 4, 8
+    uniform = torch.full((T, E), 1 / E)
+    balanced = torch.arange(T).remainder(E).unsqueeze(-1)
+    assert torch.isclose(switch_load_balancing_loss(uniform, balanced, E), torch.tensor(1.0))
+    collapsed = torch.zeros(T, E)
+    collapsed[:, 0] = 1
+    assert torch.isclose(switch_load_balancing_loss(collapsed, torch.zeros(T, 1, dtype=torch.long), E),
+                         torch.tensor(float(E)))
+    assert torch.equal(expert_load(balanced, E), torch.full((E,), 0.25))
+
+
+def test_moe_equals_a_per_token_loop():
+    torch.manual_seed(0)
+    moe = MoEFeedForward(8, 16, n_experts=5, top_k=2).double()
+    x = torch.randn(3, 7, 8, dtype=F64)
+    probs = torch.softmax(moe.router.gate(x), -1)
+    expected = torch.zeros_like(x)
+    for b in range(3):
+        for t in range(7):
+            w, idx = probs[b, t].topk(2)
+            expected[b, t] = sum(w_i * moe.experts[i](x[b, t]) for w_i, i in zip(w, idx.tolist()))
+    assert torch.allclose(moe(x), expected, atol=1e-12)
+
+
+def test_balancing_loss_prevents_expert_collapse():
+    free, balanced = (toy_routing_run(alpha, seed=0) for alpha in (0.0, 0.1))
+    dead_free = int((free["load"] < 0.01).sum())
+    dead_balanced = int((balanced["load"] < 0.01).sum())
+    assert dead_free >= 2 and dead_balanced == 0
+    assert balanced["entropy"][-1] > 2.7 > free["entropy"][-1]       # log2(8) = 3 bits when perfectly balanced
+
+
+def test_state_size_grows_only_for_global_attention():
+    sizes = {name: [HybridLM(p, SMALL).state_size(n) for n in (10, 20, 40)] for name, p in (
+        ("attention", uniform_pattern("attention", 1)), ("window", uniform_pattern("local_attention", 1)),
+        ("mamba", uniform_pattern("mamba", 1)), ("linear", uniform_pattern("linear_attention", 1)),
+        ("griffin", griffin_pattern(3)), ("hyena", uniform_pattern("hyena", 1)))}
+    assert sizes["attention"] == [2 * 16 * n for n in (10, 20, 40)]
+    assert sizes["window"] == [2 * 8 * (SMALL.window + 1)] * 3            # one KV head of size 8 (MQA)
+    assert sizes["mamba"] == [32 * (4 + 3)] * 3                           # d_inner (n + d_conv − 1)
+    assert sizes["linear"] == [2 * (8 * 8 + 8)] * 3
+    assert len(set(sizes["griffin"])) == 1 and len(set(sizes["hyena"])) == 1
+
+
+def test_attention_module_reused_for_gqa():
+    mixer = build_mixer("attention", HybridConfig(d_model=16, n_heads=4, n_kv_heads=2))
+    assert isinstance(mixer.attn, MultiHeadAttention) and mixer.attn.n_kv_heads == 2
+
+
+def test_stationary_variance():
+    assert stationary_variance(0.999) == 1.0 and math.isclose(stationary_variance(0.9, normalize=False), 1 / 0.19)
+    with pytest.raises(ValueError, match="a must lie"):
+        stationary_variance(1.0)
+
+
+def test_figure_builders():
+    fig = layer_stripes({"Jamba": pattern_string(jamba_pattern(8)), "Griffin": pattern_string(griffin_pattern(6))})
+    names = {t.name for t in fig.data}
+    assert {"Mamba", "attention", "RG-LRU", "local attention", "mixture of experts FFN"} <= names
+    assert sum(len(t.x) for t in fig.data if t.name != "mixture of experts FFN") == 14
+    m = torch.rand(5, 5)
+    fig = matrix_gallery([{"a": m, "b": 2 * m}, {"a": m.sqrt(), "b": m}], ["x", "y"], cols=2)
+    assert len(fig.data) == 2 and len(fig.layout.sliders[0].steps) == 2
+    assert abs(np.asarray(fig.data[1].z).max() - 1) < 1e-9              # each matrix scaled to its own maximum
