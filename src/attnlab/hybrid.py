@@ -144,6 +144,7 @@ class HybridConfig:
     top_k: int = 2
     hyena_state: int = 2
     mamba_method: str = "chunked"
+    max_len: int | None = None       # learned absolute positions for up to max_len tokens (None: no positions)
 
 
 class CausalSelfAttention(nn.Module):
@@ -273,6 +274,7 @@ class HybridLM(nn.Module):
         self.pattern, self.config = list(pattern), config or HybridConfig()
         c = self.config
         self.embed = nn.Embedding(c.vocab, c.d_model)
+        self.position = nn.Embedding(c.max_len, c.d_model) if c.max_len else None
         needs_shared = any(s.mixer == "shared_attention" for s in pattern)
         self.shared = SharedAttentionBlock(c.d_model, c.n_heads, c.d_ff) if needs_shared else None
         self.layers = nn.ModuleList(HybridLayer(s, c, self.shared) for s in pattern)
@@ -290,7 +292,12 @@ class HybridLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"tokens must be integer (b, L), got {tuple(tokens.shape)} {tokens.dtype}")
-        return self.head(self.norm_f(self.hidden_states(self.embed(tokens))[-1]))
+        embeddings = self.embed(tokens)
+        if self.position is not None:
+            if tokens.shape[1] > self.position.num_embeddings:
+                raise ValueError(f"tokens has length {tokens.shape[1]}; config.max_len is {self.position.num_embeddings}")
+            embeddings = embeddings + self.position.weight[: tokens.shape[1]]
+        return self.head(self.norm_f(self.hidden_states(embeddings)[-1]))
 
     def aux_loss(self) -> torch.Tensor:
         """Sum of the Switch load-balancing losses of the MoE layers in the last forward pass."""

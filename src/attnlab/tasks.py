@@ -163,3 +163,52 @@ def key_value_retrieval(batch: int, n_pairs: int = 32, *, n_keys: int = 64, n_va
     query = n_keys * n_values + keys[rows, position]
     tokens = torch.cat([keys * n_values + values, query.unsqueeze(-1)], dim=-1)
     return RetrievalPrompts(tokens, values[rows, position], position, n_keys * n_values + n_keys)
+
+
+@dataclass
+class MQARBatch:
+    """Multi-query associative recall prompts: n_pairs (key, value) pairs, then n_queries of the keys again.
+
+    ``inputs``  k_1 v_1 … k_P v_P  q_1 a_1 … q_Q a_Q, where each q is one of the keys and a its value;
+    ``targets`` -100 everywhere except at a query key, where it is that key's value (the next token).
+    """
+
+    inputs: torch.Tensor    # (b, L) long, L = 2 (n_pairs + n_queries)
+    targets: torch.Tensor   # (b, L) long, -100 where nothing is asked
+    vocab: int              # n_keys key tokens 0..n_keys-1, then n_values value tokens
+
+    @property
+    def query_mask(self) -> torch.Tensor:
+        """(b, L) bool: the positions where a value must be recalled."""
+        return self.targets != -100
+
+
+def mqar(batch: int, n_pairs: int = 8, *, n_queries: int | None = None, n_keys: int = 64,
+         n_values: int = 64, seed: int = 0) -> MQARBatch:
+    """Multi-query associative recall (Arora et al. 2023, "Zoology", §3), seeded.
+
+    Each prompt binds ``n_pairs`` distinct random keys to random values, then asks for
+    ``n_queries`` (default ``n_pairs``) distinct keys in a random order. Recall at a query
+    needs the value that followed the same key earlier: a lookup over the whole context that
+    attention does with one induction-style circuit, while a recurrent model must have kept
+    every pair in its fixed state. Keys are tokens ``0 … n_keys − 1``; values
+    ``n_keys … n_keys + n_values − 1``.
+    """
+    n_queries = n_pairs if n_queries is None else n_queries
+    if not 1 <= n_pairs <= n_keys:
+        raise ValueError(f"n_pairs must be between 1 and n_keys={n_keys}, got {n_pairs}")
+    if not 1 <= n_queries <= n_pairs:
+        raise ValueError(f"n_queries must be between 1 and n_pairs={n_pairs}, got {n_queries}")
+    if batch < 1 or n_values < 1:
+        raise ValueError(f"batch and n_values must be positive, got batch={batch}, n_values={n_values}")
+    g = torch.Generator().manual_seed(seed)
+    keys = torch.rand(batch, n_keys, generator=g).argsort(-1)[:, :n_pairs]              # distinct per prompt
+    values = n_keys + torch.randint(n_values, (batch, n_pairs), generator=g)
+    asked = torch.rand(batch, n_pairs, generator=g).argsort(-1)[:, :n_queries]          # which pairs, in what order
+    query_keys, query_values = keys.gather(1, asked), values.gather(1, asked)
+    context = torch.stack([keys, values], dim=-1).flatten(1)                            # k v k v …
+    queries = torch.stack([query_keys, query_values], dim=-1).flatten(1)
+    inputs = torch.cat([context, queries], dim=1)
+    targets = torch.full_like(inputs, -100)
+    targets[:, 2 * n_pairs::2] = query_values                                           # predict a after q
+    return MQARBatch(inputs, targets, n_keys + n_values)

@@ -1,0 +1,218 @@
+"""The recall lab: which sequence mixers solve multi-query associative recall, at what state size.
+
+Each point of the sweep trains a two-layer :class:`attnlab.hybrid.HybridLM` on fresh
+:func:`attnlab.tasks.mqar` batches until it recalls ≥ 99 % of held-out queries or runs out of
+steps, and records its accuracy against the state it keeps per sequence at inference
+(:meth:`HybridLM.state_size` at the task's length, in numbers). The design follows Arora et
+al. 2023, "Zoology" (Figure 2): one line per mixer, points from the model width.
+
+    python -m attnlab.experiments.mqar --smoke            # seconds: one small point per mixer
+    python -m attnlab.experiments.mqar --jobs 2           # the full sweep (about 90 min on 2 cores)
+
+The full sweep writes ``attnlab/data/mqar_sweep.json`` after every point, and ``--resume``
+skips the points already there.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from importlib import resources
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..hybrid import HybridConfig, HybridLM, LayerSpec
+from ..tasks import mqar
+from ..train import train
+
+# Each architecture is two residual layers, each a mixer followed by an MLP.
+ARCHITECTURES = {
+    "attention": ("attention", "attention"),
+    "sliding_window": ("local_attention", "local_attention"),
+    "linear_attention": ("linear_attention", "linear_attention"),
+    "mamba": ("mamba", "mamba"),
+    "hybrid": ("mamba", "attention"),
+}
+DATA_FILE = "mqar_sweep.json"
+
+
+@dataclass(frozen=True)
+class PointConfig:
+    """One training run of the sweep."""
+
+    architecture: str
+    d_model: int
+    n_pairs: int = 8
+    n_keys: int = 64
+    n_values: int = 64
+    n_heads: int = 2
+    d_state: int = 16
+    window: int = 8
+    batch: int = 64
+    lr: float = 3e-3
+    steps: int = 2000
+    warmup: int = 100
+    eval_every: int = 100
+    eval_size: int = 512
+    solved_at: float = 0.99
+    seed: int = 0
+
+    @property
+    def seq_len(self) -> int:
+        return 4 * self.n_pairs          # every key is queried once
+
+
+def build_model(point: PointConfig) -> HybridLM:
+    """The two-layer model of ``point.architecture`` at width ``point.d_model``."""
+    if point.architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture must be one of {sorted(ARCHITECTURES)}, got {point.architecture!r}")
+    config = HybridConfig(vocab=point.n_keys + point.n_values, d_model=point.d_model, n_heads=point.n_heads,
+                          window=point.window, d_state=point.d_state, max_len=point.seq_len)
+    return HybridLM([LayerSpec(kind) for kind in ARCHITECTURES[point.architecture]], config)
+
+
+def recall_accuracy(model: HybridLM, inputs: torch.Tensor, targets: torch.Tensor) -> float:
+    """Fraction of query positions (targets ≠ −100) where the most likely next token is the right value."""
+    asked = targets != -100
+    predictions = model(inputs).argmax(-1)
+    return (predictions[asked] == targets[asked]).float().mean().item()
+
+
+def run_point(point: PointConfig, *, progress: bool = False) -> dict:
+    """Train one model on MQAR and return what the sweep records (a JSON-ready dict)."""
+    torch.manual_seed(point.seed)
+    model = build_model(point)
+    task = dict(n_pairs=point.n_pairs, n_keys=point.n_keys, n_values=point.n_values)
+    held_out = mqar(point.eval_size, seed=10_000_019 + point.seed, **task)
+
+    def batch_fn(step: int):
+        b = mqar(point.batch, seed=point.seed * 1_000_003 + step, **task)
+        return b.inputs, b.targets
+
+    start = time.perf_counter()
+    history = train(model, batch_fn, steps=point.steps, lr=point.lr, warmup=point.warmup, weight_decay=0.1,
+                    eval_fn=lambda m: {"accuracy": recall_accuracy(m, held_out.inputs, held_out.targets)},
+                    eval_every=point.eval_every, stop_when=lambda e: e["accuracy"] >= point.solved_at,
+                    seed=point.seed, progress=progress, description=f"{point.architecture} d={point.d_model}")
+    seconds = time.perf_counter() - start
+    steps, accuracy = history.eval_series("accuracy")
+    return {**asdict(point), "seq_len": point.seq_len,
+            "state_size": model.state_size(point.seq_len),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "accuracy": max(accuracy), "final_accuracy": accuracy[-1], "solved": max(accuracy) >= point.solved_at,
+            "steps_run": history.steps[-1], "seconds": round(seconds, 1),
+            "curve": {"step": steps, "accuracy": [round(a, 4) for a in accuracy]}}
+
+
+def sweep_points(widths=(16, 32, 64, 128), architectures=tuple(ARCHITECTURES), **overrides) -> list[PointConfig]:
+    """The grid: every architecture at every width (other settings from ``overrides``)."""
+    return [PointConfig(architecture=a, d_model=d, **overrides) for a in architectures for d in widths]
+
+
+SMOKE = dict(widths=(32,), n_pairs=4, steps=150, eval_every=50, eval_size=256, lr=3e-3, warmup=20)
+
+
+def _keep_freed_memory() -> None:
+    """Ask glibc to keep freed large blocks for reuse: a training step frees and re-allocates the
+    same (L, b, d_inner, d_state) scan tensors, and mapping them afresh each time (page faults)
+    roughly doubles Mamba's step time here. No effect off glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(-3, 1 << 30)     # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 1 << 30)     # M_TRIM_THRESHOLD
+
+
+def _run_one(point: PointConfig) -> dict:
+    torch.set_num_threads(1)
+    _keep_freed_memory()
+    return run_point(point)
+
+
+def run_sweep(points: list[PointConfig], out: Path | None = None, *, jobs: int = 1, resume: bool = False,
+              progress: bool = True, command: str = "") -> dict:
+    """Run every point (``jobs`` processes of one thread each), writing ``out`` after each one."""
+    results = []
+    if resume and out is not None and out.exists():
+        results = json.loads(out.read_text())["points"]
+    done = {(r["architecture"], r["d_model"]) for r in results}
+    todo = [p for p in points if (p.architecture, p.d_model) not in done]
+    todo.sort(key=lambda p: (-p.d_model, p.architecture not in ("mamba", "hybrid")))   # longest first
+    header = {"command": command, "seed": points[0].seed if points else 0, "torch": torch.__version__,
+              "machine": f"{platform.machine()}, {os.cpu_count()} cpus", "python": platform.python_version(),
+              "date": time.strftime("%Y-%m-%d")}
+
+    def save():
+        if out is not None:
+            order = {(p.architecture, p.d_model): i for i, p in enumerate(points)}
+            results.sort(key=lambda r: order.get((r["architecture"], r["d_model"]), math.inf))
+            out.write_text(json.dumps({**header, "points": results}, indent=1) + "\n")
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc="MQAR sweep", disable=not progress)
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(jobs) as pool:
+            futures = [pool.submit(_run_one, p) for p in todo]
+            for future in as_completed(futures):
+                results.append(future.result())
+                bar.update(1)
+                save()
+    else:
+        _keep_freed_memory()
+        for point in todo:
+            results.append(run_point(point))
+            bar.update(1)
+            save()
+    bar.close()
+    save()
+    return {**header, "points": results}
+
+
+def load_sweep() -> dict:
+    """The precomputed full sweep shipped in ``attnlab/data/`` (see the module docstring for its command)."""
+    return json.loads(resources.files("attnlab").joinpath("data", DATA_FILE).read_text())
+
+
+def format_table(points: list[dict]) -> str:
+    """One row per point: architecture, width, state size, accuracy, steps, seconds."""
+    rows = [f"{'architecture':<17}{'d_model':>8}{'state':>10}{'accuracy':>10}{'steps':>7}{'seconds':>9}"]
+    for r in points:
+        rows.append(f"{r['architecture']:<17}{r['d_model']:>8}{r['state_size']:>10}{r['accuracy']:>10.3f}"
+                    f"{r['steps_run']:>7}{r['seconds']:>9.1f}")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="one small, short point per architecture; writes nothing")
+    parser.add_argument("--jobs", type=int, default=1, help="processes (one torch thread each)")
+    parser.add_argument("--resume", action="store_true", help="keep the points already in --out")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path(str(resources.files("attnlab").joinpath("data", DATA_FILE))))
+    args = parser.parse_args(argv)
+    if args.smoke:
+        options = dict(SMOKE)
+        points = sweep_points(options.pop("widths"), seed=args.seed, **options)
+        print(format_table(run_sweep(points, None, jobs=args.jobs)["points"]))
+        return
+    command = "python -m attnlab.experiments.mqar" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
+    result = run_sweep(sweep_points(seed=args.seed), args.out, jobs=args.jobs, resume=args.resume, command=command)
+    print(format_table(result["points"]))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
