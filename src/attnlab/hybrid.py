@@ -289,7 +289,8 @@ class HybridLM(nn.Module):
             out.append(x)
         return out
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings, plus learned positions if ``config.max_len`` is set: (b, L) → (b, L, d_model)."""
         if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int32, torch.int64):
             raise ValueError(f"tokens must be integer (b, L), got {tuple(tokens.shape)} {tokens.dtype}")
         embeddings = self.embed(tokens)
@@ -297,7 +298,10 @@ class HybridLM(nn.Module):
             if tokens.shape[1] > self.position.num_embeddings:
                 raise ValueError(f"tokens has length {tokens.shape[1]}; config.max_len is {self.position.num_embeddings}")
             embeddings = embeddings + self.position.weight[: tokens.shape[1]]
-        return self.head(self.norm_f(self.hidden_states(embeddings)[-1]))
+        return embeddings
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm_f(self.hidden_states(self.embed_tokens(tokens))[-1]))
 
     def aux_loss(self) -> torch.Tensor:
         """Sum of the Switch load-balancing losses of the MoE layers in the last forward pass."""

@@ -89,18 +89,22 @@ def attention_heatmap(weights, tokens_q=None, tokens_k=None, *, entropy=None, na
 def line_chart(
     x, series: Mapping[str, object], *, x_title: str, y_title: str, title: str = "",
     log_x: bool = False, log_y: bool = False, mode: str = "lines+markers", dashed: Sequence[str] = (),
-    points: Sequence[str] = (), height: int = 420,
+    points: Sequence[str] = (), height: int = 420, hover: Mapping[str, Sequence[str]] | None = None,
 ) -> go.Figure:
     """Lines sharing one x axis. ``series`` maps a legend name to y values, or to (x, y).
 
-    Names in ``dashed`` are drawn dashed; names in ``points`` as markers only (data points).
+    Names in ``dashed`` are drawn dashed; names in ``points`` as markers only (data points);
+    ``hover`` optionally gives a series one label per point, shown on hover.
     """
     fig = go.Figure()
+    hover = hover or {}
     for name, ys in series.items():
         xs, ys = (ys if isinstance(ys, tuple) else (x, ys))
         fig.add_trace(go.Scatter(
             x=_np(xs), y=_np(ys), name=name, mode="markers" if name in points else mode,
             line=dict(dash="dash" if name in dashed else "solid"),
+            text=list(hover[name]) if name in hover else None,
+            hovertemplate=f"{name}<br>%{{text}}<br>x %{{x:.4g}}, y %{{y:.4g}}<extra></extra>" if name in hover else None,
         ))
     fig.update_layout(
         title=dict(text=title), height=height,
