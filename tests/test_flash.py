@@ -1,11 +1,13 @@
 """FlashAttention (tiled, recomputing backward) against the reference form and torch's SDPA."""
+import math
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from attnlab.attention import causal_mask, scaled_dot_product_attention
-from attnlab.flash import flash_attention, flash_trace, hbm_accesses_flash, hbm_accesses_standard, online_softmax
+from attnlab.flash import (flash_attention, flash_forward, flash_trace, hbm_accesses_flash, hbm_accesses_standard,
+                           online_softmax)
 from attnlab.numerics import agrees, error_ratio
 
 
@@ -86,3 +88,16 @@ def test_trace_ends_at_the_output_and_skips_masked_tiles():
     assert [t["tile"] for t in trace] == [(0, 4, 0, 4), (4, 8, 0, 4), (4, 8, 4, 8)]   # tile (0-4, 4-8) is skipped
     assert torch.allclose(trace[-1]["out"], out)
     assert torch.allclose(out, scaled_dot_product_attention(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_forward_returns_the_log_sum_exp(causal):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g, dtype=torch.float64) for n in (37, 53, 53))
+    out, lse = flash_forward(q, k, v, causal=causal, block_q=16, block_k=16)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(8)
+    if causal:
+        scores = scores.masked_fill(~torch.ones(37, 53, dtype=torch.bool).tril(53 - 37), float("-inf"))
+    assert torch.allclose(lse, torch.logsumexp(scores, -1), atol=1e-12)
+    assert torch.allclose(out, F.scaled_dot_product_attention(q, k, v, is_causal=False, attn_mask=scores > float("-inf")),
+                          atol=1e-12)

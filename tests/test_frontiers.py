@@ -186,6 +186,14 @@ def test_nsa_shapes_and_branch_limits():
     assert keys_attended(65536, block=64, n_selected=16, window=512)["selected"] == 1024
 
 
+def test_nsa_key_count_reproduces_the_papers_table_4():
+    """Yuan et al. 2025, Table 4: 5,632 keys per decoding step at 64K (compression l = 32, stride 16)."""
+    counts = keys_attended(65536, block=64, n_selected=16, window=512, compress_block=32, compress_stride=16)
+    assert counts["compressed"] == 4095 and sum(counts[k] for k in ("compressed", "selected", "window")) == 5632
+    assert keys_attended(100, block=64, n_selected=1, window=4)["compressed"] == 1
+    assert keys_attended(10, block=16, n_selected=1, window=4)["compressed"] == 0
+
+
 def test_nsa_is_causal():
     q, k, v = qkv(1, 2, 40, 8, 1, dtype=torch.float64)
     gates = torch.rand(1, 2, 40, 3, dtype=torch.float64)

@@ -161,6 +161,22 @@ def flash_attention(
     return _FlashAttention.apply(q, k, v, scale, causal, block_q, block_k)
 
 
+def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+                  block_q: int | None = None, block_k: int | None = None,
+                  scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The tiled forward alone (no autograd), returning the log-sum-exp beside the output.
+
+    .. math:: \ell_i = \log \sum_{j \text{ allowed}} e^{c\, q_i \cdot k_j}
+
+    which is what partial results over disjoint key blocks need to be merged exactly (ring
+    attention, chapter 14). Shapes as in :func:`flash_attention` with h_kv = h; returns out
+    (b, h, n, d_v) and lse (b, h, n), +inf for a row with no allowed key (its output is 0).
+    """
+    _check_shapes(q, k, v)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return _forward(q, k, v, scale, causal, block_q or DEFAULT_BLOCK, block_k or DEFAULT_BLOCK)
+
+
 def flash_trace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                 block_q: int = 4, block_k: int = 4) -> tuple[torch.Tensor, list[dict]]:
     """Run the tiled forward and return (output, one snapshot per processed tile), for replays.

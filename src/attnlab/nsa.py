@@ -135,10 +135,15 @@ def native_sparse_attention(
     return out, {"compressed": out_cmp, "selected": out_slc, "window": out_win, "selection_mask": selected}
 
 
-def keys_attended(n: int, *, block: int, n_selected: int, window: int) -> dict[str, int]:
-    r"""Keys one late query touches in each branch (the paper's cost argument).
+def keys_attended(n: int, *, block: int, n_selected: int, window: int, compress_block: int | None = None,
+                  compress_stride: int | None = None) -> dict[str, int]:
+    r"""Keys one late query touches in each branch (the paper's cost argument, Yuan et al. 2025, §3.3 and Table 4).
 
-    compressed :math:`\lfloor n/l \rfloor`, selected :math:`n_{sel}\,l`, window :math:`w + 1`;
-    their sum grows like n / l, against n for full attention.
+    compressed :math:`\lfloor (n - l_c)/s \rfloor + 1` summaries of blocks of :math:`l_c` tokens
+    taken every :math:`s` tokens (default :math:`l_c = s =` ``block``, non-overlapping), selected
+    :math:`n_{sel}\,l`, window :math:`w + 1`; their sum grows like n / s, against n for full attention.
     """
-    return {"compressed": n // block, "selected": n_selected * block, "window": window + 1, "full": n}
+    compress_block = compress_block or block
+    compress_stride = compress_stride or compress_block
+    compressed = (n - compress_block) // compress_stride + 1 if n >= compress_block else 0
+    return {"compressed": compressed, "selected": n_selected * block, "window": window + 1, "full": n}

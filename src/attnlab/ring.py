@@ -23,7 +23,7 @@ import math
 import torch
 
 from .attention import _check_shapes, repeat_kv
-from .flash import DEFAULT_BLOCK, _forward as flash_forward  # the tiled forward that also returns the log-sum-exp
+from .flash import DEFAULT_BLOCK, flash_forward
 
 
 def merge_partials(
@@ -104,7 +104,8 @@ def ring_attention(
             k_j, v_j = kv_blocks[j]
             if q_i.shape[-2] == 0 or k_j.shape[-2] == 0:
                 continue
-            part, part_lse = flash_forward(q_i, k_j, v_j, scale, causal and j == device, block, block)
+            part, part_lse = flash_forward(q_i, k_j, v_j, causal=causal and j == device, block_q=block, block_k=block,
+                                            scale=scale)
             out, lse = merge_partials(out, lse, part, part_lse)
         outputs.append(out)
     return torch.cat(outputs, dim=-2)
