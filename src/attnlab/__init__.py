@@ -11,6 +11,8 @@ code the tests check. One module per idea:
     attnlab.quiz         chapter quiz banks (package data) shown with jupyterquiz
     attnlab.bench        timing and peak-memory helpers for notebooks and benchmarks/
     attnlab.tradeoff     the speed/memory/accuracy benchmark of attention forms (chapter 09)
+    attnlab.experiments  training sweeps run from the command line, results in attnlab/data/
+                         (``python -m attnlab.experiments.mqar``: the recall lab, chapter 13)
     Also: blocks, schedules, scaling, icl, tasks, train, models, kv_cache, objectives, grokking,
     diff_attention, flash, sparse, linear, ssm, hybrid, moe, rglru, hyena, mla, ring, speculative,
     nsa, quant, mod (one module per idea; see the design notes).

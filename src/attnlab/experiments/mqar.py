@@ -7,7 +7,7 @@ steps, and records its accuracy against the state it keeps per sequence at infer
 al. 2023, "Zoology" (Figure 2): one line per mixer, points from the model width.
 
     python -m attnlab.experiments.mqar --smoke            # seconds: one small point per mixer
-    python -m attnlab.experiments.mqar --jobs 2           # the full sweep (about 90 min on 2 cores)
+    python -m attnlab.experiments.mqar --jobs 2           # the full sweep (about 35 min on 2 cores)
 
 The full sweep writes ``attnlab/data/mqar_sweep.json`` after every point, and ``--resume``
 skips the points already there.
@@ -86,8 +86,9 @@ def recall_accuracy(model: HybridLM, inputs: torch.Tensor, targets: torch.Tensor
     return (predictions[asked] == targets[asked]).float().mean().item()
 
 
-def run_point(point: PointConfig, *, progress: bool = False) -> dict:
-    """Train one model on MQAR and return what the sweep records (a JSON-ready dict)."""
+def run_point(point: PointConfig, *, progress: bool = False, return_model: bool = False):
+    """Train one model on MQAR and return what the sweep records (a JSON-ready dict), and the
+    trained model if ``return_model``."""
     torch.manual_seed(point.seed)
     model = build_model(point)
     task = dict(n_pairs=point.n_pairs, n_keys=point.n_keys, n_values=point.n_values)
@@ -104,12 +105,13 @@ def run_point(point: PointConfig, *, progress: bool = False) -> dict:
                     seed=point.seed, progress=progress, description=f"{point.architecture} d={point.d_model}")
     seconds = time.perf_counter() - start
     steps, accuracy = history.eval_series("accuracy")
-    return {**asdict(point), "seq_len": point.seq_len,
+    result = {**asdict(point), "seq_len": point.seq_len,
             "state_size": model.state_size(point.seq_len),
             "parameters": sum(p.numel() for p in model.parameters()),
             "accuracy": max(accuracy), "final_accuracy": accuracy[-1], "solved": max(accuracy) >= point.solved_at,
             "steps_run": history.steps[-1], "seconds": round(seconds, 1),
             "curve": {"step": steps, "accuracy": [round(a, 4) for a in accuracy]}}
+    return (result, model) if return_model else result
 
 
 def sweep_points(widths=(16, 32, 64, 128), architectures=tuple(ARCHITECTURES), **overrides) -> list[PointConfig]:
@@ -201,6 +203,10 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", type=int, default=1, help="processes (one torch thread each)")
     parser.add_argument("--resume", action="store_true", help="keep the points already in --out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--architectures", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
+    parser.add_argument("--widths", nargs="+", type=int, default=[16, 32, 64, 128], help="d_model values")
+    parser.add_argument("--steps", type=int, default=PointConfig.steps, help="most training steps per point")
+    parser.add_argument("--lr", type=float, default=PointConfig.lr, help="peak learning rate")
     parser.add_argument("--out", type=Path, default=Path(str(resources.files("attnlab").joinpath("data", DATA_FILE))))
     args = parser.parse_args(argv)
     if args.smoke:
@@ -209,7 +215,8 @@ def main(argv=None) -> None:
         print(format_table(run_sweep(points, None, jobs=args.jobs)["points"]))
         return
     command = "python -m attnlab.experiments.mqar" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
-    result = run_sweep(sweep_points(seed=args.seed), args.out, jobs=args.jobs, resume=args.resume, command=command)
+    points = sweep_points(tuple(args.widths), tuple(args.architectures), seed=args.seed, steps=args.steps, lr=args.lr)
+    result = run_sweep(points, args.out, jobs=args.jobs, resume=args.resume, command=command)
     print(format_table(result["points"]))
     print(f"wrote {args.out}")
 
