@@ -95,9 +95,14 @@ class LinearSelfAttentionStack(torch.nn.Module):
 def effective_step_size(w_kq: torch.Tensor, w_pv: torch.Tensor) -> tuple[float, float]:
     r"""Read a trained layer as gradient descent: the step size it takes, and how far it is from GD.
 
-    Only the product :math:`M = (W_{PV})_{y,y}\,(W_{KQ})_{x,x}` (d, d) acts on a query's y slot
-    when the y slots of the query and the KQ cross terms are zero; GD's construction has
-    :math:`M = -\eta I`. Returns :math:`\eta = -\mathrm{tr} M / d` and the relative distance
+    With the query's y slot 0, one layer predicts
+    :math:`\hat y = -\frac1N \sum_i (W_{PV} e_i)_y\,(e_i^\top W_{KQ} e_q)`. The product
+    :math:`M = (W_{PV})_{y,y}\,(W_{KQ})_{x,x}` (d, d) gives the term
+    :math:`-\frac1N \sum_i y_i\, x_i^\top M x_q`, one GD step when :math:`M = -\eta I`. The x part
+    of the y row of each matrix, :math:`(W_{PV})_{y,x}` and :math:`(W_{KQ})_{y,x}` (``w_pv[d, :d]``
+    and ``w_kq[d, :d]``), adds further terms. GD's construction has them zero, and this reading
+    holds only where they are (near) zero, which the caller must check. Returns
+    :math:`\eta = -\mathrm{tr} M / d` and the relative distance
     :math:`\lVert M + \eta I \rVert_F / \lVert M \rVert_F` (0 for exact GD).
     """
     d = w_kq.shape[-1] - 1
