@@ -324,7 +324,7 @@ def test_state_size_grows_only_for_global_attention():
         ("mamba", uniform_pattern("mamba", 1)), ("linear", uniform_pattern("linear_attention", 1)),
         ("griffin", griffin_pattern(3)), ("hyena", uniform_pattern("hyena", 1)))}
     assert sizes["attention"] == [2 * 16 * n for n in (10, 20, 40)]
-    assert sizes["window"] == [2 * 8 * (SMALL.window + 1)] * 3            # one KV head of size 8 (MQA)
+    assert sizes["window"] == [2 * 8 * SMALL.window] * 3                  # the last w tokens, one KV head of size 8 (MQA)
     assert sizes["mamba"] == [32 * (4 + 3)] * 3                           # d_inner (n + d_conv − 1)
     assert sizes["linear"] == [2 * (8 * 8 + 8)] * 3
     assert len(set(sizes["griffin"])) == 1 and len(set(sizes["hyena"])) == 1

@@ -1,6 +1,8 @@
 """The recall lab: the MQAR task is what it claims to be, the sweep records what it trained,
-and the shipped sweep is consistent with the code that made it."""
+and the shipped sweeps are consistent with the code that made them (configs, state sizes,
+parameter counts, curves)."""
 import json
+from dataclasses import fields
 
 import pytest
 import torch
@@ -97,7 +99,7 @@ def test_state_sizes_follow_the_formulas():
     L, d = 32, 16
     size = lambda arch: lab.build_model(lab.PointConfig(arch, d, n_pairs=L // 4)).state_size(L)
     assert size("attention") == 2 * 2 * L * d                             # K and V, every position, 2 layers
-    assert size("sliding_window") == 2 * 2 * (8 + 1) * (d // 2)           # one KV head, w + 1 positions
+    assert size("sliding_window") == 2 * 2 * 8 * (d // 2)                 # one KV head, the last w positions
     assert size("linear_attention") == 2 * 2 * ((d // 2) ** 2 + d // 2)   # h (d_h² + d_h) per layer
     assert size("mamba") == 2 * 2 * d * (16 + 3)                          # d_inner (n + d_conv − 1) per layer
     assert size("hybrid") == size("mamba") // 2 + size("attention") // 2
@@ -128,3 +130,20 @@ def test_sweep_writes_after_each_point_and_resumes(tmp_path, monkeypatch):
     assert sorted(ran[2:]) == [("attention", 16), ("mamba", 16)]                 # only the new points ran
     assert [(r["architecture"], r["d_model"]) for r in result["points"]] == [
         ("attention", 8), ("attention", 16), ("mamba", 8), ("mamba", 16)]
+
+
+@pytest.mark.parametrize("name", [lab.DATA_FILE, "mqar_lr_check.json"])
+def test_shipped_sweeps_match_the_code_that_made_them(name):
+    sweep = lab.load_sweep(name)
+    assert sweep["command"].startswith("python -m attnlab.experiments.mqar") and isinstance(sweep["seed"], int)
+    for r in sweep["points"]:
+        point = lab.PointConfig(**{f.name: r[f.name] for f in fields(lab.PointConfig)})
+        model = lab.build_model(point)
+        assert r["state_size"] == model.state_size(point.seq_len), (r["architecture"], r["d_model"])
+        assert r["parameters"] == sum(p.numel() for p in model.parameters())
+        assert r["steps_run"] == r["curve"]["step"][-1] <= point.steps
+        assert abs(r["accuracy"] - max(r["curve"]["accuracy"])) < 1e-4 and 0 <= r["accuracy"] <= 1
+        assert r["solved"] == (r["accuracy"] >= point.solved_at)
+    if name == lab.DATA_FILE:
+        grid = {(p.architecture, p.d_model) for p in lab.sweep_points()}
+        assert {(r["architecture"], r["d_model"]) for r in sweep["points"]} == grid

@@ -310,13 +310,14 @@ class HybridLM(nn.Module):
 
     def state_size(self, seq_len: int) -> int:
         """Numbers one sequence keeps between tokens at inference after ``seq_len`` tokens, all layers:
-        K and V for attention (only the window for local attention), the fixed state otherwise."""
+        K and V of every past token for attention (of the last w for local attention: token t + 1
+        reads them and its own), the fixed state otherwise."""
         c, total = self.config, 0
         for layer in self.layers:
             kind = layer.spec.mixer
             if kind in ("attention", "local_attention"):
                 attn = layer.mixer.attn
-                kept = seq_len if layer.mixer.window is None else min(seq_len, layer.mixer.window + 1)
+                kept = seq_len if layer.mixer.window is None else min(seq_len, layer.mixer.window)   # the next token adds its own
                 total += 2 * attn.n_kv_heads * attn.head_dim * kept
             elif kind == "shared_attention":
                 total += 2 * 2 * c.d_model * seq_len

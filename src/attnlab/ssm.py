@@ -422,6 +422,7 @@ class Mamba(nn.Module):
         self.x_proj = nn.Linear(c.d_inner, c.rank + 2 * c.d_state, bias=False)
         self.dt_proj = nn.Linear(c.rank, c.d_inner, bias=True)
         self.A_log = nn.Parameter(torch.log(-s4d_real_init(c.d_inner, c.d_state)))
+        self.A_log._no_weight_decay = True          # decay would pull every A towards −1
         self.D = nn.Parameter(torch.ones(c.d_inner))
         self.out_proj = nn.Linear(c.d_inner, c.d_model, bias=False)
         self._init_dt()

@@ -57,7 +57,8 @@ def train(model: torch.nn.Module, batch_fn: Callable[[int], Batch], *, steps: in
         lr: peak learning rate, reached after ``warmup`` steps, then cosine-decayed to
             ``final_lr_fraction * lr`` at ``steps``.
         weight_decay: AdamW's decoupled decay, applied to matrices only (not to biases, norms
-            or other one-dimensional parameters), as in GPT-2 and nanoGPT.
+            or other one-dimensional parameters), as in GPT-2 and nanoGPT, and not to a
+            parameter marked ``p._no_weight_decay = True`` (Mamba's A_log, as in its reference code).
         eval_fn: ``model -> {name: float}``, called in ``torch.no_grad`` and eval mode every
             ``eval_every`` steps and after the last step.
         stop_when: called with each evaluation; returning True ends training early.
@@ -69,8 +70,9 @@ def train(model: torch.nn.Module, batch_fn: Callable[[int], Batch], *, steps: in
         raise ValueError(f"eval_every must be >= 0 (0 evaluates only at the end), got {eval_every}")
     if seed is not None:
         torch.manual_seed(seed)
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    exempt = lambda p: p.dim() < 2 or getattr(p, "_no_weight_decay", False)
+    decay = [p for p in model.parameters() if p.requires_grad and not exempt(p)]
+    no_decay = [p for p in model.parameters() if p.requires_grad and exempt(p)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas)
     history = History()

@@ -4,7 +4,8 @@ Each point of the sweep trains a two-layer :class:`attnlab.hybrid.HybridLM` on f
 :func:`attnlab.tasks.mqar` batches until it recalls ≥ 99 % of held-out queries or runs out of
 steps, and records its accuracy against the state it keeps per sequence at inference
 (:meth:`HybridLM.state_size` at the task's length, in numbers). The design follows Arora et
-al. 2023, "Zoology" (Figure 2): one line per mixer, points from the model width.
+al. 2023 ("Zoology", accuracy against model width) and 2024 ("Based", against state size): one
+line per mixer, points from the model width.
 
     python -m attnlab.experiments.mqar --smoke            # seconds: one small point per mixer
     python -m attnlab.experiments.mqar --jobs 2           # the full sweep (about 35 min on 2 cores)
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import os
 import platform
 import sys
@@ -119,7 +119,8 @@ def sweep_points(widths=(16, 32, 64, 128), architectures=tuple(ARCHITECTURES), *
     return [PointConfig(architecture=a, d_model=d, **overrides) for a in architectures for d in widths]
 
 
-SMOKE = dict(widths=(32,), n_pairs=4, steps=150, eval_every=50, eval_size=256, lr=3e-3, warmup=20)
+# The notebook's live run: half the task, 300 steps, at the learning rate tuned for it.
+SMOKE = dict(widths=(32,), n_pairs=4, steps=300, eval_every=25, eval_size=256, lr=1e-2, warmup=30)
 
 
 def _keep_freed_memory() -> None:
@@ -155,8 +156,8 @@ def run_sweep(points: list[PointConfig], out: Path | None = None, *, jobs: int =
 
     def save():
         if out is not None:
-            order = {(p.architecture, p.d_model): i for i, p in enumerate(points)}
-            results.sort(key=lambda r: order.get((r["architecture"], r["d_model"]), math.inf))
+            arch_order = list(ARCHITECTURES)
+            results.sort(key=lambda r: (arch_order.index(r["architecture"]), r["d_model"]))
             out.write_text(json.dumps({**header, "points": results}, indent=1) + "\n")
 
     from tqdm.auto import tqdm
@@ -182,9 +183,9 @@ def run_sweep(points: list[PointConfig], out: Path | None = None, *, jobs: int =
     return {**header, "points": results}
 
 
-def load_sweep() -> dict:
-    """The precomputed full sweep shipped in ``attnlab/data/`` (see the module docstring for its command)."""
-    return json.loads(resources.files("attnlab").joinpath("data", DATA_FILE).read_text())
+def load_sweep(name: str = DATA_FILE) -> dict:
+    """A precomputed sweep shipped in ``attnlab/data/`` (its header records the command that wrote it)."""
+    return json.loads(resources.files("attnlab").joinpath("data", name).read_text())
 
 
 def format_table(points: list[dict]) -> str:
