@@ -6,7 +6,7 @@ import torch
 
 from attnlab.grokking import (
     FULL_CONFIG, FULL_RUN_COMMAND, GrokkingConfig, ModularMLP, fourier_power, fourier_sparsity, key_frequencies,
-    load_full_run, run_grokking,
+    load_full_run, run_grokking, top_share,
 )
 from attnlab.tasks import modular_addition
 
@@ -46,6 +46,7 @@ def test_fourier_probe_finds_planted_frequencies():
     assert power[3].item() == pytest.approx(0.8, abs=1e-9) and power[11].item() == pytest.approx(0.2, abs=1e-9)
     assert key_frequencies(emb, top=2) == [3, 11]
     assert fourier_sparsity(emb, top=2) == pytest.approx(1.0, abs=1e-12)
+    assert top_share(power, top=1) == pytest.approx(0.8, abs=1e-9)           # the stored-spectrum form
     with pytest.raises(ValueError, match="top must be between"):
         fourier_sparsity(emb, top=16)
 

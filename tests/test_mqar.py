@@ -33,6 +33,7 @@ def test_every_query_asks_for_the_value_bound_to_its_key(n_pairs, extra, n_value
         for i in asked:
             assert i >= 2 * n_pairs
             assert b.targets[row, i].item() == binding[b.inputs[row, i].item()] == b.inputs[row, i + 1].item()
+    assert torch.equal(b.inputs.gather(1, b.answer_positions()), b.targets[b.query_mask].view(3, n_queries))
 
 
 def test_mqar_is_seeded():

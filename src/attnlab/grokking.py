@@ -82,14 +82,21 @@ def fourier_power(embedding: torch.Tensor) -> torch.Tensor:
 
 
 def fourier_sparsity(embedding: torch.Tensor, top: int = 5) -> float:
-    r"""Share of the non-constant energy in the ``top`` strongest frequencies.
-
-    .. math:: s_{\mathrm{top}} = \frac{\sum_{k \in \text{top}} P_k}{\sum_{k \ge 1} P_k}
+    r"""Share of the non-constant energy in the ``top`` strongest frequencies of an embedding (p, d_embed).
 
     About top / (K - 1) for a random table (energy spread evenly); 1 for a table built from
-    ``top`` frequencies. embedding: (p, d_embed).
+    ``top`` frequencies. See :func:`top_share`.
     """
-    power = fourier_power(embedding)[1:]
+    return top_share(fourier_power(embedding), top)
+
+
+def top_share(power: torch.Tensor, top: int = 5) -> float:
+    r"""Share of the non-constant energy of a power spectrum (K,), as :func:`fourier_power` returns
+    it, in its ``top`` strongest frequencies:
+
+    .. math:: s_{\mathrm{top}} = \frac{\sum_{k \in \text{top}} P_k}{\sum_{k \ge 1} P_k}
+    """
+    power = power[1:]
     if not 1 <= top <= power.numel():
         raise ValueError(f"top must be between 1 and {power.numel()}, got {top}")
     return float(power.topk(top).values.sum() / power.sum())

@@ -182,6 +182,14 @@ class MQARBatch:
         """(b, L) bool: the positions where a value must be recalled."""
         return self.targets != -100
 
+    def answer_positions(self) -> torch.Tensor:
+        """(b, Q) long: where in the context each query's answer sits (position 2j + 1 for pair j)."""
+        asked = self.query_mask[0]                                   # every prompt asks at the same positions
+        n_pairs = int(asked.nonzero()[0]) // 2
+        keys = self.inputs[:, 0:2 * n_pairs:2]
+        pair = (self.inputs[:, asked].unsqueeze(-1) == keys.unsqueeze(1)).float().argmax(-1)
+        return 2 * pair + 1
+
 
 def mqar(batch: int, n_pairs: int = 8, *, n_queries: int | None = None, n_keys: int = 64,
          n_values: int = 64, seed: int = 0) -> MQARBatch:

@@ -22,13 +22,13 @@ import os
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from ..bench import format_table
 from ..hybrid import HybridConfig, HybridLM, LayerSpec
 from ..tasks import mqar
 from ..train import train
@@ -41,6 +41,7 @@ ARCHITECTURES = {
     "mamba": ("mamba", "mamba"),
     "hybrid": ("mamba", "attention"),
 }
+WIDTHS = (16, 32, 64, 128)
 DATA_FILE = "mqar_sweep.json"
 
 
@@ -105,16 +106,15 @@ def run_point(point: PointConfig, *, progress: bool = False, return_model: bool 
                     seed=point.seed, progress=progress, description=f"{point.architecture} d={point.d_model}")
     seconds = time.perf_counter() - start
     steps, accuracy = history.eval_series("accuracy")
-    result = {**asdict(point), "seq_len": point.seq_len,
-            "state_size": model.state_size(point.seq_len),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "accuracy": max(accuracy), "final_accuracy": accuracy[-1], "solved": max(accuracy) >= point.solved_at,
-            "steps_run": history.steps[-1], "seconds": round(seconds, 1),
-            "curve": {"step": steps, "accuracy": [round(a, 4) for a in accuracy]}}
+    result = {**asdict(point), "state_size": model.state_size(point.seq_len),
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "accuracy": max(accuracy), "solved": max(accuracy) >= point.solved_at,
+              "steps_run": history.steps[-1], "seconds": round(seconds, 1),
+              "curve": {"step": steps, "accuracy": [round(a, 4) for a in accuracy]}}
     return (result, model) if return_model else result
 
 
-def sweep_points(widths=(16, 32, 64, 128), architectures=tuple(ARCHITECTURES), **overrides) -> list[PointConfig]:
+def sweep_points(widths=WIDTHS, architectures=tuple(ARCHITECTURES), **overrides) -> list[PointConfig]:
     """The grid: every architecture at every width (other settings from ``overrides``)."""
     return [PointConfig(architecture=a, d_model=d, **overrides) for a in architectures for d in widths]
 
@@ -160,25 +160,22 @@ def run_sweep(points: list[PointConfig], out: Path | None = None, *, jobs: int =
             results.sort(key=lambda r: (arch_order.index(r["architecture"]), r["d_model"]))
             out.write_text(json.dumps({**header, "points": results}, indent=1) + "\n")
 
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(todo), desc="MQAR sweep", disable=not progress)
-    if jobs > 1:
+    def finished():
+        """Each point's result as soon as it is done, from one process or ``jobs``."""
+        if jobs == 1:
+            _keep_freed_memory()
+            yield from map(run_point, todo)
+            return
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         with ProcessPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_run_one, p) for p in todo]
-            for future in as_completed(futures):
-                results.append(future.result())
-                bar.update(1)
-                save()
-    else:
-        _keep_freed_memory()
-        for point in todo:
-            results.append(run_point(point))
-            bar.update(1)
-            save()
-    bar.close()
+            yield from (future.result() for future in as_completed([pool.submit(_run_one, p) for p in todo]))
+
+    from tqdm.auto import tqdm
+
+    for result in tqdm(finished(), total=len(todo), desc="MQAR sweep", disable=not progress):
+        results.append(result)
+        save()
     save()
     return {**header, "points": results}
 
@@ -188,13 +185,10 @@ def load_sweep(name: str = DATA_FILE) -> dict:
     return json.loads(resources.files("attnlab").joinpath("data", name).read_text())
 
 
-def format_table(points: list[dict]) -> str:
+def summary(points: list[dict]) -> str:
     """One row per point: architecture, width, state size, accuracy, steps, seconds."""
-    rows = [f"{'architecture':<17}{'d_model':>8}{'state':>10}{'accuracy':>10}{'steps':>7}{'seconds':>9}"]
-    for r in points:
-        rows.append(f"{r['architecture']:<17}{r['d_model']:>8}{r['state_size']:>10}{r['accuracy']:>10.3f}"
-                    f"{r['steps_run']:>7}{r['seconds']:>9.1f}")
-    return "\n".join(rows)
+    keys = ("architecture", "d_model", "state_size", "accuracy", "steps_run", "seconds")
+    return format_table([{k: r[k] for k in keys} for r in points], floatfmt=".3f")
 
 
 def main(argv=None) -> None:
@@ -205,7 +199,7 @@ def main(argv=None) -> None:
     parser.add_argument("--resume", action="store_true", help="keep the points already in --out")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--architectures", nargs="+", default=list(ARCHITECTURES), choices=list(ARCHITECTURES))
-    parser.add_argument("--widths", nargs="+", type=int, default=[16, 32, 64, 128], help="d_model values")
+    parser.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS), help="d_model values")
     parser.add_argument("--steps", type=int, default=PointConfig.steps, help="most training steps per point")
     parser.add_argument("--lr", type=float, default=PointConfig.lr, help="peak learning rate")
     parser.add_argument("--out", type=Path, default=Path(str(resources.files("attnlab").joinpath("data", DATA_FILE))))
@@ -213,12 +207,12 @@ def main(argv=None) -> None:
     if args.smoke:
         options = dict(SMOKE)
         points = sweep_points(options.pop("widths"), seed=args.seed, **options)
-        print(format_table(run_sweep(points, None, jobs=args.jobs)["points"]))
+        print(summary(run_sweep(points, None, jobs=args.jobs)["points"]))
         return
     command = "python -m attnlab.experiments.mqar" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:]))
     points = sweep_points(tuple(args.widths), tuple(args.architectures), seed=args.seed, steps=args.steps, lr=args.lr)
     result = run_sweep(points, args.out, jobs=args.jobs, resume=args.resume, command=command)
-    print(format_table(result["points"]))
+    print(summary(result["points"]))
     print(f"wrote {args.out}")
 
 
