@@ -12,7 +12,9 @@ PORT ?= 8000
 ONE_THREAD := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
-.PHONY: help setup book test test-lib test-notebooks test-wheel test-browser serve lab clean lock strip record chromium
+NOTEBOOKS ?= $(sort $(wildcard notebooks/*.ipynb))
+
+.PHONY: help setup book test test-lib nbval test-wheel test-browser serve lab clean lock strip record chromium
 
 help:
 	@echo "make book   build the static site into _build/html (sets everything up first)"
@@ -35,26 +37,31 @@ $(VENDOR_STAMP): package.json package-lock.json scripts/vendor_assets.sh
 	bash scripts/vendor_assets.sh node_modules $(VENDOR)
 	touch $@
 
+# Every chapter is executed once, two kernels at a time with one thread each, on copies in empty
+# folders (what a Colab reader gets); the executed copies are staged with the book's other sources
+# in _build/source, and Sphinx builds the site from there without executing anything again.
+# CHECK=--check (make test) fails when a cell tagged nbval-check-output prints something other
+# than its stored output.
 book: setup
 	rm -rf _build
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(ONE_THREAD) $(PY) scripts/execute_notebooks.py --jobs 2 --out _build/source $(CHECK) $(NOTEBOOKS)
+	$(BIN)/jupyter-book build _build/source --path-output . -W -n --keep-going
 	@echo
 	@echo "Built. Open _build/html/index.html in a browser, or run 'make serve' and visit http://127.0.0.1:$(PORT)"
 
 test: setup chromium
 	$(MAKE) test-lib
-	$(MAKE) test-notebooks
 	$(MAKE) test-wheel
-	$(MAKE) book
+	$(MAKE) book CHECK=--check
 	$(MAKE) test-browser
 
 test-lib:
 	$(ONE_THREAD) $(PY) -m pytest tests -m "not browser" -q -n 2
 
-# nbval runs on copies of the notebooks in an empty folder away from the repository, so
-# nothing may be read by a repository-relative path (what a Colab reader gets).
-test-notebooks:
-	$(PY) scripts/strip_outputs.py --check notebooks/*.ipynb
+# The notebooks as a reader checks them, with nbval (make test does the same check once, while
+# building the book): copies in an empty folder away from the repository, so nothing may be
+# read by a repository-relative path (what a Colab reader gets). Not part of `make test`.
+nbval: setup
 	d=$$(mktemp -d) && cp notebooks/*.ipynb "$$d"/ && cd "$$d" && \
 	  $(ONE_THREAD) $(CURDIR)/$(PY) -m pytest -p no:cacheprovider --rootdir "$$d" --nbval-lax -n 2 --dist loadfile \
 	    --nbval-sanitize-with $(CURDIR)/tests/nbval_sanitize.cfg *.ipynb; \
@@ -88,10 +95,11 @@ lab: setup
 strip:
 	$(PY) scripts/strip_outputs.py notebooks/*.ipynb
 
-# Re-execute every chapter and store the outputs nbval compares; run after editing a chapter.
+# Re-execute the chapters (NOTEBOOKS=notebooks/NN_name.ipynb for one) with the thread settings
+# `make test` uses, and store the outputs of the checked cells; run after editing a chapter.
 record: setup
-	cd notebooks && for nb in *.ipynb; do $(CURDIR)/$(BIN)/jupyter nbconvert --to notebook --execute --inplace "$$nb" || exit 1; done
-	$(PY) scripts/strip_outputs.py notebooks/*.ipynb
+	$(ONE_THREAD) $(PY) scripts/execute_notebooks.py --jobs 2 --record $(NOTEBOOKS)
+	$(PY) scripts/strip_outputs.py $(NOTEBOOKS)
 
 lock: $(VENV_STAMP)
 	$(BIN)/pip install -q -r requirements.in

@@ -42,3 +42,106 @@ def test_notebooks_are_stripped():
     done = subprocess.run([sys.executable, str(ROOT / "scripts/strip_outputs.py"), "--check", *map(str, NOTEBOOKS)],
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+# A checked output must read the same on every machine and thread count. Rounding errors
+# (5.3e-15 here, 7.1e-15 there) and float reprs carried to the last bit are what vary, so a
+# stored checked output fails on: a number in scientific notation below 1e-6 in magnitude
+# (zero included: "0.0e+00" is a rounding error that happened to vanish), or a decimal with
+# more than six digits after the point. A bound ("error < 1e-12") is not a result and passes.
+# Analytic numbers that are that small are listed here.
+ANALYTIC_SMALL_NUMBERS = {
+    ("03_transformer_block", "1.75e-07"),  # the Noam schedule's lr(1) = d^-0.5 · 4000^-1.5
+}
+SCIENTIFIC = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?[eE][-+]?\d+\b")
+LONG_DECIMAL = re.compile(r"(?<![\w.])[-+]?\d+\.\d{7,}\b")
+
+
+def noise_like_numbers(text: str) -> list[str]:
+    """Numbers in text that look like rounding noise (see the comment above)."""
+    def is_bound(match):
+        return re.search(r"(<|<=|≤)\s*$", text[:match.start()]) is not None
+
+    small = [m.group() for m in SCIENTIFIC.finditer(text) if abs(float(m.group())) < 1e-6 and not is_bound(m)]
+    return small + [m.group() for m in LONG_DECIMAL.finditer(text)]
+
+
+def test_the_noise_rule_catches_rounding_errors_and_spares_analytic_numbers():
+    assert noise_like_numbers("GLA chunked = recurrent: max error 5.3e-15") == ["5.3e-15"]
+    assert noise_like_numbers("recurrent  elu  7e-16  True") == ["7e-16"]
+    assert noise_like_numbers("moved by 0.0e+00") == ["0.0e+00"]
+    assert noise_like_numbers("share 0.30000001192092896") == ["0.30000001192092896"]
+    assert noise_like_numbers("4.19e+06 bytes, 1.80e+16 FLOPs, ratio 0.650, max error < 1e-12: True") == []
+
+
+def checked_outputs(nb: dict):
+    for i, cell in enumerate(nb["cells"]):
+        if "nbval-check-output" not in cell["metadata"].get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            yield i, "".join(out.get("text", "")) + "".join(out.get("data", {}).get("text/plain", ""))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_checked_outputs_hold_no_rounding_noise(path):
+    nb = json.loads(path.read_text())
+    found = [(i, s) for i, text in checked_outputs(nb) for s in noise_like_numbers(text)
+             if (path.stem, s) not in ANALYTIC_SMALL_NUMBERS]
+    assert not found, f"checked cells print rounding noise (cell, number): {found}"
+
+
+def test_the_book_build_detects_a_changed_checked_output(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("execute_notebooks", ROOT / "scripts/execute_notebooks.py")
+    runner = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runner)
+    rules = runner.sanitizers()
+
+    def notebook(text: str, tags=("nbval-check-output",)) -> dict:
+        out = {"output_type": "stream", "name": "stdout", "text": [text]}
+        return {"cells": [{"cell_type": "code", "metadata": {"tags": list(tags)}, "outputs": [out]}]}
+
+    assert runner.differences(notebook("8192 queries\n"), notebook("8192 queries\n"), rules) == []
+    assert runner.differences(notebook("8192 queries\n"), notebook("8191 queries\n"), rules)
+    assert runner.differences(notebook("a\n", ()), notebook("b\n", ()), rules) == []  # not a checked cell
+    # the sanitiser's substitutions apply, as in nbval: random quiz ids and addresses
+    assert runner.differences(notebook('id="abcdefghijkl"'), notebook('id="zyxwvutsrqpo"'), rules) == []
+
+
+# Which PyTorch release first has each feature the code uses (from the release notes). The
+# declared floor in pyproject.toml and the README's table must be the newest of those used.
+TORCH_FEATURES = {
+    "FlopCounterMode": (2, 1),
+    "sdpa_kernel": (2, 3),
+    "RMSNorm": (2, 4),
+    "rms_norm": (2, 4),
+    "enable_gqa": (2, 5),
+}
+# Not visible as a name: SDPA returns zeros (not NaN) for a fully masked query from 2.5 on
+# (pytorch/pytorch#133882, `_safe_softmax`); chapter 01 and tests/test_attention.py rely on it.
+TORCH_BEHAVIOURS = {"SDPA's zero output for a fully masked query": (2, 5)}
+
+
+def test_the_declared_torch_floor_is_the_newest_feature_used():
+    code = "\n".join(p.read_text() for folder in ("src", "notebooks", "tests", "benchmarks")
+                     for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".ipynb")
+                     and p.name != "test_repository.py")
+    used = {name: v for name, v in TORCH_FEATURES.items() if re.search(rf"\b{name}\b", code)}
+    assert used, "no versioned feature found: the scan is broken"
+    floor = max([*used.values(), *TORCH_BEHAVIOURS.values()])
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    declared = re.search(r'"torch>=(\d+)\.(\d+)"', pyproject)
+    assert declared and tuple(map(int, declared.groups())) == floor, (declared, floor)
+    readme = (ROOT / "README.md").read_text()
+    assert f"torch>={floor[0]}.{floor[1]}" in readme
+    for name in used:
+        assert name in readme, f"the README's version table does not list {name}"
+
+
+def test_the_declared_python_floor_matches_the_pins():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.11"' in pyproject
+    for page in ("README.md", "book/how_to_use.md"):
+        text = (ROOT / page).read_text()
+        assert "3.11" in text and "3.10" not in text, page

@@ -1,6 +1,6 @@
 """The built book in headless Chromium (Debian's, driven by Playwright), served on 127.0.0.1
-with every other request blocked: figures drawn, sliders work without a kernel, quizzes give
-feedback, math is typeset, and nothing fails or reaches outside the site.
+with every other request blocked: figures drawn, sliders work without a kernel, every quiz
+question answered right and wrong, math is typeset, and nothing fails or reaches outside the site.
 
 Run after `make book` (make test does both).
 """
@@ -110,17 +110,72 @@ def test_chapter_figures_sliders_quiz_and_math(browser, base_url, path):
         page.wait_for_timeout(600)
         assert fig.evaluate(state) != before, f"slider figure {i} did not change"
 
-    # A quiz answer shows feedback.
-    buttons = page.locator(".MCButton")
-    assert buttons.count() >= 8
-    buttons.first.scroll_into_view_if_needed()
-    buttons.first.click()
-    page.wait_for_timeout(300)
-    feedback = page.evaluate("() => [...document.querySelectorAll('.Feedback')].map(e => e.textContent.trim()).filter(Boolean)")
-    assert feedback, "clicking a quiz answer showed no feedback"
+    # Every quiz question is answered, right and once wrong (test_every_quiz_question_is_answerable).
+    assert page.locator(".MCButton").count() >= 8
 
     # The Colab launch button points at this notebook.
     colab = [h for h in page.evaluate("() => [...document.querySelectorAll('a')].map(a => a.href)") if "colab.research.google.com" in h]
     assert any(h.endswith(path.replace(".html", ".ipynb")) for h in colab), colab
+    assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
+    page.close()
+
+
+QUIZ_JS = """wrap => {
+  const fb = wrap.querySelector('.Feedback');
+  return fb ? [fb.classList.contains('correct'), fb.classList.contains('incorrect'),
+               getComputedStyle(fb).display !== 'none' && fb.textContent.trim().length > 0] : null;
+}"""
+
+
+def numeric_entries(question: dict) -> tuple[str, str]:
+    """A correct answer typed as the bank states it, and a wrong one."""
+    correct = next(a for a in question["answers"] if a.get("correct") and a["type"] in ("value", "range"))
+    right = correct["value"] if correct["type"] == "value" else sum(correct["range"]) / 2
+    wrong = 10 * abs(right) + 7.5  # far from every correct answer in our banks
+    return repr(right), repr(wrong)
+
+
+@pytest.mark.parametrize("path", CHAPTERS)
+def test_every_quiz_question_is_answerable(browser, base_url, path):
+    """Answer each question of the chapter's quiz once wrongly and then correctly: every choice
+    question has a correct option that is marked right, every numeric question accepts its
+    correct value typed as the bank states it, and nothing raises a page error."""
+    from attnlab.quiz import load_quiz
+
+    bank = load_quiz(Path(path).stem)
+    page, problems = open_page(browser, f"{base_url}/{path}")
+    wraps = page.locator(".Quiz")
+    assert wraps.count() == len(bank), (wraps.count(), len(bank))
+    tally = {"answered right": 0, "answered wrong": 0}
+    for i, question in enumerate(bank):
+        wrap = wraps.nth(i)
+        wrap.scroll_into_view_if_needed()
+        label = f"question {i + 1} ({question.get('id', '')})"
+        if question["type"] == "numeric":
+            field = wrap.locator("input.Input-text")
+            for typed, want in zip(numeric_entries(question), (True, False)):
+                field.fill(typed)
+                field.press("Enter")
+                page.wait_for_timeout(100)
+                right, wrong, shown = wrap.evaluate(QUIZ_JS)
+                assert shown and (right, wrong) == (want, not want), f"{label}: typed {typed}"
+                tally["answered right" if want else "answered wrong"] += 1
+        else:
+            buttons = wrap.locator(".MCButton")
+            marks = [buttons.nth(j).get_attribute("data-correct") == "true" for j in range(buttons.count())]
+            assert any(marks) and not all(marks), f"{label}: needs a correct and a wrong option"
+            buttons.nth(marks.index(False)).click()
+            page.wait_for_timeout(100)
+            right, wrong, shown = wrap.evaluate(QUIZ_JS)
+            assert shown and wrong and not right, f"{label}: a wrong option was not marked wrong"
+            tally["answered wrong"] += 1
+            for j in [j for j, m in enumerate(marks) if m]:
+                buttons.nth(j).click()
+                page.wait_for_timeout(100)
+                right, wrong, shown = wrap.evaluate(QUIZ_JS)
+                assert shown and right and not wrong, f"{label}: a correct option was not marked right"
+            tally["answered right"] += 1
+    print(f"{path}: {tally['answered right']}/{len(bank)} answered correctly, {tally['answered wrong']} wrongly")
+    assert tally["answered right"] == len(bank)
     assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
     page.close()
