@@ -1,0 +1,380 @@
+"""Every transfer question's answer is computed here with attnlab (or torch), so the banks cannot
+drift from the code: one small test per question (chapters 01-03 in test_quiz_answers_0N.py), which looks the question up by its id.
+
+Numeric questions: the computed number, typed in full into the widget, must be judged correct by
+jupyterquiz's own rule (attnlab.quiz.judge_numeric: rounding to ``precision`` significant digits,
+first matching answer wins). Choice questions: the computed fact must be what the correct option says.
+"""
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quiz_checks import GiB, MiB, accepts, correct_option, flops
+from pathlib import Path
+
+from attnlab.quiz import bank_names, find_question, load_quiz
+
+
+def test_every_transfer_question_has_a_test():
+    files = sorted(Path(__file__).parent.glob("test_quiz_answers*.py"))
+    source = "".join(p.read_text(encoding="utf-8") for p in files)
+    ids = [q["id"] for name in bank_names() for q in load_quiz(name) if q["kind"] == "transfer"]
+    missing = [qid for qid in ids if f'"{qid}"' not in source]
+    assert not missing, f"transfer questions without a test in tests/test_quiz_answers*.py: {missing}"
+
+
+# --------------------------------------------------------------------------- 04 micro GPT
+
+def test_04_logits_shape():
+    from attnlab.models import GPTConfig, MicroGPT
+    torch.manual_seed(0)
+    model = MicroGPT(GPTConfig(vocab_size=100, max_len=16, d_model=32, n_heads=4))
+    logits = model(torch.randint(100, (4, 16)))
+    assert correct_option("04-logits-shape").startswith(f"{tuple(logits.shape)}:")
+
+
+def test_04_initial_loss_65_chars():
+    loss = F.cross_entropy(torch.zeros(1, 65, dtype=torch.float64), torch.tensor([7]))   # a uniform guess
+    accepts("04-initial-loss-65-chars", loss.item())
+
+
+def test_04_demo_weight_query1_key1():
+    from attnlab.attention import scaled_dot_product_attention
+    i, j = torch.arange(4.0, dtype=torch.float64)[:, None], torch.arange(8.0, dtype=torch.float64)
+    q, k, v = 0.1 * (i + j), 0.1 * (i - j), 0.01 * i * j
+    _, weights = scaled_dot_product_attention(q[None, None], k[None, None], v[None, None], causal=True,
+                                              return_weights=True)
+    accepts("04-demo-weight-query1-key1", weights[0, 0, 1, 1].item())
+
+
+def test_04_causal_uniform_entropy():
+    from attnlab.attention import uniform_entropy
+    accepts("04-causal-uniform-entropy", uniform_entropy(128, causal=True).mean().item())
+
+
+def test_04_span_corruption_target():
+    from attnlab.objectives import span_corrupt
+    tokens = "Thank you for inviting me to your party last week .".split()
+    _, target = span_corrupt(tokens, [(tokens.index("inviting"), 1), (tokens.index("last"), 1)],
+                             sentinels=["<X>", "<Y>", "<Z>"])
+    assert correct_option("04-span-corruption-target") == " ".join(target)
+
+
+def test_04_weight_tying_savings():
+    from attnlab.blocks import count_parameters
+    from attnlab.models import GPTConfig, MicroGPT
+    sizes = {tie: count_parameters(MicroGPT(GPTConfig(vocab_size=100, d_model=32, tie_weights=tie)))
+             for tie in (True, False)}
+    saved = sizes[False] - sizes[True]
+    assert correct_option("04-weight-tying-savings").startswith(f"V · d_model = {saved:,} parameters")
+
+
+# --------------------------------------------------------------------------- 05 KV cache
+
+def test_05_uncached_crossover_length():
+    from attnlab.kv_cache import decode_flops
+    d = 128
+    parts = lambda n: decode_flops(1, n, d, cached=False)       # noqa: E731
+    crossover = next(n for n in range(d, 20 * d) if parts(n)["attention"] > parts(n)["other"])
+    accepts("05-uncached-crossover-length", crossover)
+
+
+def test_05_llama2_kv_cache_gib():
+    from attnlab.kv_cache import kv_cache_bytes
+    accepts("05-llama2-kv-cache-gib", kv_cache_bytes(32, 32, 128, 4096, bytes_per_element=2) / GiB)
+
+
+def test_05_cache_size_per_layer():
+    from attnlab.kv_cache import kv_cache_bytes
+    fp32 = kv_cache_bytes(1, 1, 1024, 2048, batch=32, bytes_per_element=4) / MiB
+    fp16 = kv_cache_bytes(1, 1, 1024, 2048, batch=32, bytes_per_element=2) / MiB
+    assert correct_option("05-cache-size-per-layer").startswith(f"{fp32:.0f} MiB in fp32 or {fp16:.0f} MiB in fp16")
+
+
+def test_05_jamba_cache_ratio():
+    from attnlab.kv_cache import kv_cache_bytes
+    llama, jamba = kv_cache_bytes(32, 32, 128, 262144), kv_cache_bytes(4, 8, 128, 262144)
+    assert (llama / GiB, jamba / GiB, llama / jamba) == (128, 4, 32)
+    assert correct_option("05-jamba-cache-ratio").startswith("8× fewer cached layers")
+    assert "4× fewer KV heads" in correct_option("05-jamba-cache-ratio")
+
+
+def test_05_sliding_window_cache():
+    from attnlab.kv_cache import kv_cache_bytes
+    sizes = [kv_cache_bytes(32, 8, 128, n, window=4096) for n in (4096, 8192, 262144)]
+    assert sizes[0] == sizes[1] == sizes[2] == 0.5 * GiB        # it stops growing
+    assert correct_option("05-sliding-window-cache").startswith(
+        "It stops growing: a rolling buffer keeps the last 4,096")
+
+
+def test_05_gqa_cache_and_flops():
+    from attnlab.attention import scaled_dot_product_attention
+    from attnlab.kv_cache import kv_cache_bytes
+    assert kv_cache_bytes(32, 32, 128, 4096) / kv_cache_bytes(32, 8, 128, 4096) == 4
+    q = torch.randn(1, 32, 64, 16)
+    counts = {h_kv: flops(lambda: scaled_dot_product_attention(q, *(torch.randn(1, h_kv, 64, 16) for _ in "kv")))
+              for h_kv in (32, 8)}
+    assert counts[32] == counts[8] > 0
+    assert correct_option("05-gqa-cache-and-flops").startswith(
+        "The cache shrinks 4×; the attention FLOPs per token stay the same")
+
+
+# --------------------------------------------------------------------------- 06 ICL, grokking, differential attention
+
+def test_06_optimal_gd_step():
+    from attnlab.icl import gd_predictions
+    from attnlab.tasks import in_context_regression
+    n, d = 20, 5
+    prompts = in_context_regression(200_000, n, d, seed=0)
+    g = gd_predictions(prompts, 1.0, 1)                          # one step is linear in η: prediction = η g
+    best = ((prompts.y_test * g).mean() / (g * g).mean()).item()  # argmin_η E(y − η g)²
+    assert abs(best - n / (n + d + 1)) < 0.01
+    accepts("06-optimal-gd-step", n / (n + d + 1))
+
+
+def test_06_modular_sum_example():
+    from attnlab.tasks import modular_addition
+    data = modular_addition(97)
+    inputs = torch.cat([data.train_inputs, data.val_inputs])
+    targets = torch.cat([data.train_targets, data.val_targets])
+    (row,) = ((inputs == torch.tensor([60, 50])).all(-1)).nonzero()[0]
+    accepts("06-modular-sum-example", targets[row].item())
+
+
+def test_06_lambda_init_first_layer():
+    from attnlab.diff_attention import lambda_init
+    accepts("06-lambda-init-first-layer", lambda_init(1))
+
+
+def test_06_diff_attention_row_sum():
+    from attnlab.diff_attention import differential_attention
+    g = torch.Generator().manual_seed(0)
+    q1, k1, q2, k2, v = (torch.randn(1, 2, 6, 8, generator=g, dtype=torch.float64) for _ in range(5))
+    _, weights = differential_attention(q1, k1, q2, k2, v, 0.35, return_weights=True)
+    sums = weights.sum(-1)
+    assert torch.allclose(sums, sums.flatten()[0].expand_as(sums))
+    accepts("06-diff-attention-row-sum", sums.flatten()[0].item())
+
+
+# --------------------------------------------------------------------------- 07 FlashAttention
+
+def _tiles_visited(n: int, block: int) -> int:
+    from attnlab.flash import flash_trace
+    q = torch.randn(1, 1, n, 4, dtype=torch.float64)
+    _, trace = flash_trace(q, q, q, causal=True, block_q=block, block_k=block)
+    return len({snapshot["tile"] for snapshot in trace})
+
+
+def test_07_causal_tiles_visited():
+    assert correct_option("07-causal-tiles-visited").startswith(f"{_tiles_visited(16, 4)}:")
+
+
+def test_07_causal_tiles_n64():
+    accepts("07-causal-tiles-n64", _tiles_visited(64, 8))
+
+
+def test_07_backward_saved_numbers():
+    from attnlab.flash import flash_forward
+    q = torch.randn(1, 1, 4096, 64)
+    out, lse = flash_forward(q, q, q, block_q=1024, block_k=1024)
+    accepts("07-backward-saved-numbers", out.numel() + lse.numel())
+
+
+# --------------------------------------------------------------------------- 08 sparse attention
+
+def test_08_window_global_key_count():
+    from attnlab.sparse import keys_per_row, longformer_mask
+    keys = keys_per_row(longformer_mask(512, 64, global_tokens=(0, 1)))
+    accepts("08-window-global-key-count", keys[256].item())     # an ordinary query, far from the edges
+
+
+def test_08_window_reach_layers():
+    from attnlab.sparse import reach, sliding_window_mask
+    n, w = 64, 4
+    reached = reach(sliding_window_mask(n, w), 12)
+    for d in (8, 12, 20):
+        layers = next(l + 1 for l, r in enumerate(reached) if r[10 + d, 10] and r[10, 10 + d])
+        assert layers == d // w
+    assert correct_option("08-window-reach-layers").startswith("About d / w layers")
+
+
+def test_08_global_token_two_hops():
+    from attnlab.sparse import longformer_mask, receptive_field, sliding_window_mask
+    window_only = receptive_field(sliding_window_mask(64, 2), 2)
+    with_global = receptive_field(longformer_mask(64, 2, global_tokens=(0,)), 2)
+    assert window_only[-1] < 0.2 and with_global[-1] == 1.0
+    assert correct_option("08-global-token-two-hops").startswith("Every pair is connected within two layers")
+
+
+# --------------------------------------------------------------------------- 09 linear attention
+
+def test_09_recurrent_state_size():
+    from attnlab.hybrid import CausalLinearAttention
+    accepts("09-recurrent-state-size", CausalLinearAttention(64, 1).state_size())
+
+
+def test_09_associativity_flop_ratio():
+    from attnlab.linear import elu_feature
+    n, m = 4096, 64
+    with torch.device("meta"):
+        fq, fk, v = elu_feature(torch.zeros(n, m)), elu_feature(torch.zeros(n, m)), torch.zeros(n, m)
+        left = flops(lambda: (fq @ fk.T) @ v)
+        right = flops(lambda: fq @ (fk.T @ v))
+    accepts("09-associativity-flop-ratio", left / right)
+
+
+def test_09_kv_cache_outgrows_state():
+    from attnlab.hybrid import CausalLinearAttention
+    from attnlab.kv_cache import kv_cache_bytes
+    d = 128
+    state = CausalLinearAttention(d, 1).state_size()
+    first = next(t for t in range(1, 10 * d) if kv_cache_bytes(1, 1, d, t, bytes_per_element=1) >= state)
+    accepts("09-kv-cache-outgrows-state", first)
+
+
+# --------------------------------------------------------------------------- 10 state space models
+
+def test_10_euler_a_bar():
+    from attnlab.ssm import discretize
+    a_bar, _ = discretize(torch.tensor([-8.0]), torch.tensor([1.0]), 0.5, method="euler")
+    accepts("10-euler-a-bar", a_bar.item())
+
+
+def test_10_zoh_memory_length():
+    from attnlab.ssm import discretize
+    a_bar, _ = discretize(torch.tensor([-1.0], dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64), 0.01)
+    accepts("10-zoh-memory-length", -1 / math.log(a_bar.item()))    # e-folding time in tokens
+    accepts("10-zoh-memory-length", 1 / (1 - a_bar.item()))          # total weight Σ ā^k of the past
+
+
+def test_10_state_size_d1536():
+    from attnlab.ssm import state_size
+    accepts("10-state-size-d1536", state_size(1536, 16, 4))
+
+
+# --------------------------------------------------------------------------- 11 Mamba
+
+def test_11_float32_exp_overflow():
+    limit = math.log(torch.finfo(torch.float32).max)
+    assert torch.isinf(torch.exp(torch.tensor(limit + 0.01))) and torch.isfinite(torch.exp(torch.tensor(limit - 0.01)))
+    accepts("11-float32-exp-overflow", limit)
+
+
+def test_11_blocked_scan_steps():
+    length, chunk = 4096, 64
+    accepts("11-blocked-scan-steps", chunk + length // chunk)   # T steps inside the chunks, L/T across them
+
+
+def test_11_jamba_ssm_state_mb():
+    from attnlab.hybrid import ssm_state_bytes
+    accepts("11-jamba-ssm-state-mb", ssm_state_bytes(28, 8192, 16, 4, bytes_per_element=2) / 1e6)
+
+
+def test_11_mamba_block_parameters():
+    from attnlab.blocks import count_parameters
+    from attnlab.hybrid import mamba_parameters
+    from attnlab.ssm import Mamba, MambaConfig
+    d = 1024
+    with torch.device("meta"):
+        counted = count_parameters(Mamba(MambaConfig(d_model=d)))
+    assert counted == mamba_parameters(d)
+    assert 6 <= counted / d**2 < 6.5
+    assert correct_option("11-mamba-block-parameters").startswith("About 6d²")
+
+
+# --------------------------------------------------------------------------- 12 hybrid architectures
+
+def test_12_jamba_attention_layers():
+    from attnlab.hybrid import jamba_pattern
+    accepts("12-jamba-attention-layers", sum(spec.mixer == "attention" for spec in jamba_pattern(32)))
+
+
+def test_12_hybrid_cost_growth():
+    from attnlab.hybrid import forward_flops, local_exponent
+    d = 4096
+    share = lambda n: (lambda p: p["attention (quadratic)"] / (p["total"] - p["attention (quadratic)"]))(   # noqa: E731
+        forward_flops(n, d, 32, 1 / 8))
+    assert share(220_000) < 1 < share(240_000)                   # the crossover, about 230K tokens
+    ns = [2**20, 2**24]
+    assert local_exponent(ns, [forward_flops(n, d, 32, 1 / 8)["total"] for n in ns])[0] > 1.9
+    assert correct_option("12-hybrid-cost-growth").startswith("O(N²)")
+    assert "about 230K tokens at d = 4096" in correct_option("12-hybrid-cost-growth")
+
+
+def test_12_jamba_kv_cache_gib():
+    from attnlab.kv_cache import kv_cache_bytes
+    accepts("12-jamba-kv-cache-gib", kv_cache_bytes(4, 8, 128, 262144, bytes_per_element=2) / GiB)
+
+
+def test_12_griffin_recurrent_per_attention():
+    from attnlab.hybrid import griffin_pattern
+    mixers = [spec.mixer for spec in griffin_pattern(12)]
+    accepts("12-griffin-recurrent-per-attention", mixers.count("rglru") / mixers.count("local_attention"))
+
+
+def test_12_switch_loss_extremes():
+    from attnlab.moe import switch_load_balancing_loss
+    e, t = 8, 64
+    balanced = switch_load_balancing_loss(torch.full((t, e), 1 / e), torch.arange(t)[:, None] % e, e)
+    collapsed = switch_load_balancing_loss(F.one_hot(torch.zeros(t, dtype=torch.long), e).float(),
+                                           torch.zeros(t, 1, dtype=torch.long), e)
+    assert (balanced.item(), collapsed.item()) == (1.0, float(e))
+    assert correct_option("12-switch-loss-extremes") == "1 and E."
+
+
+# --------------------------------------------------------------------------- 13 recall lab
+
+def test_13_mqar_prompt_length():
+    from attnlab.tasks import mqar
+    accepts("13-mqar-prompt-length", mqar(1, 8, n_queries=8).inputs.shape[1])
+
+
+def test_13_no_lookup_accuracy():
+    from attnlab.tasks import mqar
+    batch = mqar(20_000, 8, n_keys=64, n_values=64)
+    answers = batch.targets[batch.query_mask]
+    best_guess = torch.bincount(answers).max().item() / answers.numel()   # always guess the commonest value
+    assert len(answers.unique()) == 64 and abs(best_guess - 1 / 64) < 0.002
+    assert correct_option("13-no-lookup-accuracy").startswith(f"1/64, about {1 / 64:.3f}")
+
+
+def test_13_attention_cache_numbers():
+    from attnlab.kv_cache import KVCache
+    cache = KVCache(2, 1, 1, 32, 16, dtype=torch.float32)      # 2 layers, width 16, 32 positions
+    accepts("13-attention-cache-numbers", cache.nbytes() // 4)
+
+
+def test_13_linear_attention_state():
+    from attnlab.hybrid import CausalLinearAttention
+    accepts("13-linear-attention-state", CausalLinearAttention(32, 2).state_size())
+
+
+# --------------------------------------------------------------------------- 14 frontiers
+
+def test_14_speculative_tokens_per_pass():
+    from attnlab.speculative import expected_tokens_per_step
+    accepts("14-speculative-tokens-per-pass", expected_tokens_per_step(0.8, 4))
+
+
+def test_14_mha_cache_per_token():
+    from attnlab.kv_cache import kv_cache_bytes, mla_cache_bytes
+    mha = kv_cache_bytes(1, 128, 128, 1, bytes_per_element=1)
+    assert mla_cache_bytes(1, 512, 64, 1, bytes_per_element=1) == 576
+    accepts("14-mha-cache-per-token", mha)
+
+
+def test_14_vit_patch_count():
+    patches = torch.nn.Conv2d(3, 8, kernel_size=16, stride=16)(torch.zeros(1, 3, 224, 224))
+    accepts("14-vit-patch-count", patches.flatten(2).shape[-1])
+
+
+def test_accepts_fails_on_a_wrong_number():
+    """The helper itself: a wrong computation would fail the test."""
+    with pytest.raises(AssertionError):
+        accepts("05-llama2-kv-cache-gib", 1.0)
+    with pytest.raises(AssertionError):
+        accepts("01-scaling-factor", 1.0)                        # not a transfer question
+    assert re.match(r"^\d{2}-", find_question("14-vit-patch-count")["id"])
