@@ -145,3 +145,65 @@ def test_the_declared_python_floor_matches_the_pins():
     for page in ("README.md", "book/how_to_use.md"):
         text = (ROOT / page).read_text()
         assert "3.11" in text and "3.10" not in text, page
+
+
+# The teaching pattern (design.md, "The teaching pattern"), enforced for the chapters that
+# have been converted to it; the issues for the later parts extend this list.
+PATTERN_CHAPTERS = ["01_attention_from_scratch", "02_positional_encodings", "03_transformer_block"]
+CODE_COLUMN = 88  # characters that fit the book's code column at a 1280-px window
+BOOK_URL = re.search(r"^\s+baseurl:\s*(\S+)", (ROOT / "_config.yml").read_text(), re.M).group(1)
+CALLOUT = re.compile(r'<details class="lecture-note">\s*<summary>In the lecture: .+?</summary>(.*?)</details>', re.S)
+LECTURE_VOICE = re.compile(r"\bPart [AB]\b|\b(?:lecture|source|notes?)(?:'s)? (?:writes|says|claims|states|gets)\b", re.I)
+
+
+def words(markdown: str) -> int:
+    """Alphabetic words outside math and HTML tags: how the design counts prose."""
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]*\$|<[^>]+>|\([^)\s]*\)", " ", markdown, flags=re.S)
+    return len(re.findall(r"[A-Za-z]+", text))
+
+
+def pattern_notebook(stem: str) -> dict:
+    return json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text())
+
+
+def source(cell) -> str:
+    return "".join(cell["source"])
+
+
+@pytest.mark.parametrize("stem", PATTERN_CHAPTERS)
+def test_pattern_code_fits_the_book_column(stem):
+    too_long = [(i, line) for i, c in enumerate(pattern_notebook(stem)["cells"]) if c["cell_type"] == "code"
+                for line in source(c).splitlines() if len(line) > CODE_COLUMN]
+    assert not too_long, f"{len(too_long)} code lines over {CODE_COLUMN} characters, e.g. {too_long[:3]}"
+
+
+@pytest.mark.parametrize("stem", PATTERN_CHAPTERS)
+def test_pattern_lecture_corrections_live_in_callouts(stem):
+    cells = [source(c) for c in pattern_notebook(stem)["cells"] if c["cell_type"] == "markdown"]
+    for text in cells:
+        for body in CALLOUT.findall(text):
+            assert f"{BOOK_URL}book/errata.html#" in body, f"a callout without its errata link: {body[:120]!r}"
+        lesson = CALLOUT.sub("", text)
+        assert "<details class=\"lecture-note\">" not in lesson, "a callout not in the one consistent form"
+        voice = LECTURE_VOICE.search(lesson)
+        assert not voice, f"lecture-correction voice in the lesson: {lesson[max(voice.start() - 60, 0):voice.end() + 60]!r}"
+        assert not re.search(r"\]\((?:\.\.?/)", lesson), "relative links break in Colab: use the book's address"
+
+
+@pytest.mark.parametrize("stem", PATTERN_CHAPTERS)
+def test_pattern_builds_draws_shows_and_exercises(stem):
+    cells = pattern_notebook(stem)["cells"]
+    code = "\n".join(source(c) for c in cells if c["cell_type"] == "code")
+    prose = "\n".join(source(c) for c in cells if c["cell_type"] == "markdown")
+    assert words(prose) >= 2500, f"{words(prose)} words of prose"
+    assert len(re.findall(r"\bdiagrams\.\w+\(", code)) >= 2, "fewer than two concept diagrams"
+    assert "show_source(" in code, "the library's version is never shown"
+    exercises = [i for i, c in enumerate(cells) if c["cell_type"] == "markdown"
+                 and re.match(r"#+ Exercise \d", source(c).lstrip())]
+    assert 3 <= len(exercises) <= 5, f"{len(exercises)} exercises"
+    for i in exercises:
+        solution = cells[i + 1]
+        tags = solution["metadata"].get("tags", [])
+        assert solution["cell_type"] == "code" and "hide-input" in tags, f"exercise at cell {i}: no hidden solution"
+        assert solution["metadata"].get("jupyter", {}).get("source_hidden") is True, "hide it in JupyterLab too"
+        assert "assert " in source(solution), f"exercise at cell {i}: the solution checks nothing"

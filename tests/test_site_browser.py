@@ -179,3 +179,49 @@ def test_every_quiz_question_is_answerable(browser, base_url, path):
     assert tally["answered right"] == len(bank)
     assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
     page.close()
+
+
+def test_internal_links_resolve():
+    """Every link from one page of the site to another reaches a page that exists, and the
+    anchor it names is on that page; no link points at the book's public address (those are
+    made relative by the build, so the site works offline)."""
+    import re
+    from html.parser import HTMLParser
+    from urllib.parse import unquote, urldefrag, urljoin
+
+    class Links(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.hrefs, self.ids = [], set()
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if attrs.get("id"):
+                self.ids.add(attrs["id"])
+            if tag == "a" and attrs.get("href"):
+                self.hrefs.append(attrs["href"])
+
+    config = (SITE.parents[1] / "_config.yml").read_text()
+    base = re.search(r"^\s+baseurl:\s*(\S+)", config, re.M).group(1)
+    parsed = {}
+
+    def parse(rel):
+        if rel not in parsed:
+            parsed[rel] = Links()
+            parsed[rel].feed((SITE / rel).read_text(encoding="utf-8"))
+        return parsed[rel]
+
+    broken = []
+    for page in PAGES:
+        for href in parse(page).hrefs:
+            if href.startswith(base):
+                broken.append(f"{page}: {href} (absolute link to the book itself)")
+            if re.match(r"^[a-z]+:", href) or href.startswith("//"):
+                continue
+            target, anchor = urldefrag(urljoin(page, unquote(href)))
+            target = target or page
+            if not (SITE / target).is_file():
+                broken.append(f"{page}: {href} (no such page)")
+            elif anchor and target.endswith(".html") and anchor not in parse(target).ids:
+                broken.append(f"{page}: {href} (no such anchor)")
+    assert not broken, "\n".join(broken)

@@ -9,6 +9,8 @@ code the tests check. One module per idea:
     attnlab.viz          plotly figure builders with kernel-free sliders for the static book
     attnlab.widgets      ipywidgets explorers on the same builders, for live kernels
     attnlab.quiz         chapter quiz banks (package data) shown with jupyterquiz
+    attnlab.source       show_source(obj): a library object's source, highlighted and collapsed
+    attnlab.diagrams     concept diagrams as inline SVG that follow the page's light or dark mode
     attnlab.bench        timing and peak-memory helpers for notebooks and benchmarks/
     attnlab.tradeoff     the speed/memory/accuracy benchmark of attention forms (chapter 09)
     attnlab.experiments  training sweeps run from the command line, results in attnlab/data/
@@ -33,3 +35,5 @@ A boolean mask means True = may attend. Causal masks are aligned bottom-right wh
 """
 
 __version__ = "0.1.0"
+
+from attnlab.source import show_source  # noqa: E402  (the teaching pattern's "library's version")

@@ -5,7 +5,8 @@
   book; this renders each into a div and an inline script, with no CDN reference.
 * ``setup``: a Sphinx extension that copies the ``plotly.min.js`` shipped in the plotly
   wheel into ``_static/`` and adds it only to pages that have a figure, and drops scripts an
-  offline page must not load (``_drop_thebe``, ``_drop_idle_widget_manager``).
+  offline page must not load (``_drop_thebe``, ``_drop_idle_widget_manager``), and turns
+  links to the book's public address into relative ones (``_local_links``).
 """
 from __future__ import annotations
 
@@ -74,7 +75,21 @@ def _drop_idle_widget_manager(app, pagename, templatename, context, doctree):
                                    if not str(getattr(s, "filename", s)).endswith("html-manager/embed.js")]
 
 
+def _local_links(app, pagename, templatename, context, doctree):
+    """Make links to the book's own public address (``html_baseurl``) relative.
+
+    Notebooks link to the errata and to other chapters by absolute address, so the links
+    work in Colab and JupyterLab, where a relative path to an HTML page leads nowhere; in the
+    built book the same links must stay inside the site, which may be opened offline.
+    """
+    base = (app.config.html_baseurl or "").rstrip("/") + "/"
+    if base != "/" and "body" in context:
+        up = "../" * pagename.count("/")
+        context["body"] = context["body"].replace(f'href="{base}', f'href="{up}')
+
+
 def setup(app):
+    app.connect("html-page-context", _local_links)
     app.connect("html-page-context", _add_plotly_js)
     app.connect("html-page-context", _drop_thebe, priority=900)  # after every script is added
     app.connect("html-page-context", _drop_idle_widget_manager, priority=900)
