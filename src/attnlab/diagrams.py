@@ -1,0 +1,533 @@
+"""Concept diagrams as inline SVG: what flows where, a block's wiring, a layer's parameters.
+
+Each public function returns a :class:`Diagram`; the last expression of a cell displays it.
+The picture is an inline ``<svg>`` (not an ``<img>``), so it shows the same in JupyterLab,
+Colab and the book and follows the page's light or dark mode: lines and text are drawn in
+``currentColor`` (the page's text colour), boxes are the Okabe–Ito colour-blind-safe palette
+at low opacity with a solid outline. Every SVG has a ``<title>`` and ``<desc>`` for screen
+readers, and its ids are derived from the diagram's name and arguments, so several diagrams
+can share a page and the output is byte-identical on every run.
+
+Parametric diagrams compute their numbers with the library: ``qkv_lookup`` runs softmax on
+its scores, ``rope_rotation`` takes its angles from :func:`attnlab.positional.frequencies`,
+``alibi_bias_grid`` its slopes from :func:`attnlab.positional.alibi_slopes`.
+"""
+from __future__ import annotations
+
+import hashlib
+import html
+import math
+import re
+from contextlib import contextmanager
+
+import torch
+
+from . import positional
+
+# Okabe & Ito (2008), a palette that colour-blind readers can tell apart.
+BLUE, ORANGE, GREEN, PURPLE = "#0072B2", "#E69F00", "#009E73", "#CC79A7"
+VERMILLION, SKY, YELLOW = "#D55E00", "#56B4E9", "#F0E442"
+PALETTE = [BLUE, ORANGE, GREEN, PURPLE, VERMILLION, SKY, YELLOW]
+INK = "currentColor"  # the page's text colour: dark on light pages, light in dark mode
+FONT = "system-ui, sans-serif"
+
+
+class Diagram:
+    """An SVG picture that displays itself inline in Jupyter, Colab and the book."""
+
+    def __init__(self, name: str, title: str, desc: str, svg: str):
+        self.name, self.title, self.desc, self.svg = name, title, desc, svg
+
+    def _repr_html_(self) -> str:
+        return self.svg
+
+    def __repr__(self) -> str:
+        return f"Diagram: {self.title}"
+
+
+# ----------------------------------------------------------------------------- drawing toolkit
+
+def _n(v: float) -> str:
+    """A coordinate with at most one decimal, so the SVG text is the same on every machine."""
+    v = round(float(v), 1)
+    return str(int(v)) if v == int(v) else f"{v:.1f}"
+
+
+def _minus(s: str) -> str:
+    """Typographic minus signs in printed numbers."""
+    return s.replace("-", "\u2212")
+
+
+def _rich(s: str, size: float) -> str:
+    """Escape a label and turn ``_{sub}`` into a lowered, smaller tspan (works in every browser)."""
+    out, shift = [], round(size * 0.3)
+    for part in re.split(r"(_\{[^}]*\})", s):
+        if part.startswith("_{"):
+            sub = html.escape(part[2:-1])
+            out.append(f'<tspan dy="{shift}" font-size="{max(11, round(size * 0.8))}">{sub}</tspan>'
+                       f'<tspan dy="-{shift}">\u200b</tspan>')
+        else:
+            out.append(html.escape(part))
+    return "".join(out)
+
+
+def _plain(s: str) -> str:
+    """A label without markup, for <title> and <desc>."""
+    return re.sub(r"_\{([^}]*)\}", r"_\1", s)
+
+
+class Drawing:
+    """A small SVG canvas: boxes, text, arrows, circles and lines in user units (= px at full width)."""
+
+    def __init__(self, name: str, width: int, height: int, title: str, desc: str):
+        self.id = f"attnlab-{name}"
+        self.width, self.height, self.title, self.desc = width, height, title, desc
+        self.parts: list[str] = []
+        self.defs: dict[str, str] = {}
+
+    # -- primitives
+    def text(self, x, y, s, size=15, anchor="middle", weight=None, color=INK, italic=False, rotate=0):
+        """Text centred (or start/end-anchored) at x, with its middle at y; ``\\n`` starts a new line."""
+        lines = str(s).split("\n")
+        extra = (f' font-weight="{weight}"' if weight else "") + (' font-style="italic"' if italic else "")
+        extra += f' transform="rotate({rotate} {_n(x)} {_n(y)})"' if rotate else ""
+        y0 = y - (len(lines) - 1) * size * 0.6
+        for i, line in enumerate(lines):
+            self.parts.append(f'<text x="{_n(x)}" y="{_n(y0 + i * size * 1.2)}" font-size="{size}" '
+                              f'text-anchor="{anchor}" dominant-baseline="central" fill="{color}"{extra}>'
+                              f'{_rich(line, size)}</text>')
+
+    def rect(self, x, y, w, h, color=BLUE, fill_opacity=0.2, stroke=None, rx=0, width=1.5, dashed=False):
+        """A filled rectangle with an outline (the fill colour unless ``stroke`` is given)."""
+        dash = ' stroke-dasharray="5 4"' if dashed else ""
+        self.parts.append(f'<rect x="{_n(x)}" y="{_n(y)}" width="{_n(w)}" height="{_n(h)}" rx="{rx}" '
+                          f'fill="{color}" fill-opacity="{fill_opacity}" stroke="{stroke or color}" '
+                          f'stroke-width="{width}"{dash}/>')
+
+    def box(self, x, y, w, h, label="", sub="", color=BLUE, size=15, fill_opacity=0.2):
+        """A rounded box with a centred label and an optional smaller sub-label under it."""
+        self.rect(x, y, w, h, color, fill_opacity, rx=6)
+        if label and sub:
+            self.text(x + w / 2, y + h / 2 - 8, label, size)
+            self.text(x + w / 2, y + h / 2 + 11, sub, 13)
+        elif label:
+            self.text(x + w / 2, y + h / 2, label, size)
+
+    def line(self, *points, width=1.5, color=INK, dashed=False, marker=False):
+        """A polyline through the points, optionally dashed, optionally ending in an arrowhead."""
+        d = " ".join(("M" if i == 0 else "L") + f"{_n(x)},{_n(y)}" for i, (x, y) in enumerate(points))
+        dash = ' stroke-dasharray="6 4"' if dashed else ""
+        end = f' marker-end="url(#{self._marker(color)})"' if marker else ""
+        self.parts.append(f'<path d="{d}" fill="none" stroke="{color}" stroke-width="{width}" '
+                          f'stroke-linejoin="round"{dash}{end}/>')
+
+    def arrow(self, *points, label="", label_at=None, width=1.5, color=INK, dashed=False, size=13):
+        """A polyline with an arrowhead at its last point and an optional label (at ``label_at``)."""
+        self.line(*points, width=width, color=color, dashed=dashed, marker=True)
+        if label:
+            (x0, y0), (x1, y1) = points[0], points[1]
+            x, y = label_at or ((x0 + x1) / 2, (y0 + y1) / 2 - 10)
+            self.text(x, y, label, size)
+
+    def circle(self, cx, cy, r, label="", color=INK, fill_opacity=0.0, width=1.5, size=18, dashed=False):
+        """A circle, optionally filled (palette colour at low opacity) and labelled at its centre."""
+        dash = ' stroke-dasharray="4 4"' if dashed else ""
+        fill = "none" if fill_opacity == 0 else color
+        self.parts.append(f'<circle cx="{_n(cx)}" cy="{_n(cy)}" r="{_n(r)}" fill="{fill}" '
+                          f'fill-opacity="{fill_opacity}" stroke="{color}" stroke-width="{width}"{dash}/>')
+        if label:
+            self.text(cx, cy, label, size)
+
+    @contextmanager
+    def group(self, opacity=None, cls=None):
+        """Everything drawn inside the ``with`` block becomes one <g>, e.g. to fade it as a whole."""
+        attrs = (f' opacity="{opacity:.2f}"' if opacity is not None else "") + (f' class="{cls}"' if cls else "")
+        self.parts.append(f"<g{attrs}>")
+        yield self
+        self.parts.append("</g>")
+
+    def hatch(self) -> str:
+        """The id of a diagonal-hatch pattern in the page's text colour (for masked cells)."""
+        pid = f"{self.id}-hatch"
+        self.defs[pid] = (f'<pattern id="{pid}" width="6" height="6" patternUnits="userSpaceOnUse" '
+                          f'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" '
+                          f'stroke="{INK}" stroke-width="1.2" stroke-opacity="0.45"/></pattern>')
+        return pid
+
+    def _marker(self, color: str) -> str:
+        """The id of an arrowhead in ``color``; markers take currentColor from the <svg>, not the line."""
+        mid = f"{self.id}-arrow" + ("" if color == INK else "-" + color.lstrip("#").lower())
+        self.defs[mid] = (f'<marker id="{mid}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="10" '
+                          f'markerHeight="10" markerUnits="userSpaceOnUse" orient="auto-start-reverse">'
+                          f'<path d="M0,1 L10,5 L0,9 z" fill="{color}"/></marker>')
+        return mid
+
+    # -- output
+    def svg(self) -> str:
+        t, d = f"{self.id}-title", f"{self.id}-desc"
+        defs = "".join(self.defs[k] for k in sorted(self.defs))
+        return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {self.width} {self.height}" '
+                f'width="100%" style="max-width:{self.width}px;height:auto;display:block" role="img" '
+                f'aria-labelledby="{t} {d}" font-family="{FONT}" class="attnlab-diagram">'
+                f'<title id="{t}">{html.escape(_plain(self.title))}</title>'
+                f'<desc id="{d}">{html.escape(_plain(self.desc))}</desc>'
+                f"<defs>{defs}</defs>" + "\n".join(self.parts) + "</svg>")
+
+    def diagram(self) -> Diagram:
+        return Diagram(self.id, _plain(self.title), _plain(self.desc), self.svg())
+
+
+def _name(fn: str, *args) -> str:
+    """A deterministic id stem: the function's name and a short hash of its arguments."""
+    return f"{fn}-{hashlib.sha1(repr(args).encode()).hexdigest()[:6]}"
+
+
+def _sub(i: int) -> str:
+    """Unicode subscript digits: 12 -> '₁₂'."""
+    return str(i).translate(str.maketrans("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
+
+
+# ----------------------------------------------------------------------------- Part I diagrams
+
+def qkv_lookup(scores=(2.0, 0.5, -1.0, 1.0)) -> Diagram:
+    """Attention as a soft dictionary lookup, left to right.
+
+    The query q is compared with every key (score sᵢ = q·kᵢ/√d, printed), softmax turns the
+    scores into weights αᵢ (printed and drawn as bars), each value vᵢ is taken with its weight
+    (opacity ∝ αᵢ), and Σ adds them up: o = Σ αᵢ vᵢ. Unlike a dictionary, every key matches a bit.
+    """
+    s = torch.tensor([float(v) for v in scores], dtype=torch.float64)
+    alpha = torch.softmax(s, 0).tolist()
+    k = len(alpha)
+    row, top = 56, 86
+    ys = [top + i * row for i in range(k)]
+    mid = (ys[0] + ys[-1]) / 2
+    W, H = 830, top + k * row + 40
+    dr = Drawing(_name("qkv_lookup", tuple(s.tolist())), W, H,
+                 "Attention as a soft dictionary lookup",
+                 f"A query q is compared with {k} keys; the scores s = q·k/√d are "
+                 + ", ".join(f"{v:.2f}" for v in s.tolist()) + ". Softmax turns them into weights "
+                 + ", ".join(f"{a:.2f}" for a in alpha) + " that add up to 1. Each value is weighted "
+                 "by its weight and the weighted values are summed into the output o = Σ αᵢ vᵢ.")
+    heads = [(40, "query"), (135, "keys"), (225, "scores\nsᵢ = q·kᵢ/√d"), (330, "softmax"),
+             (465, "weights αᵢ"), (595, "values"), (690, "sum"), (775, "output")]
+    for x, h in heads:
+        dr.text(x, 36, h, 14, weight="600")
+    dr.box(15, mid - 20, 50, 40, "q", color=BLUE, size=17)
+    dr.box(290, ys[0] - 18, 80, ys[-1] - ys[0] + 36, "softmax", color=PURPLE)
+    bar_max = 70
+    for i, (y, si, ai) in enumerate(zip(ys, s.tolist(), alpha)):
+        dr.arrow((65, mid), (108, y))
+        dr.box(110, y - 18, 50, 36, f"k{_sub(i + 1)}", color=ORANGE, size=16)
+        dr.text(225, y, _minus(f"s{_sub(i + 1)} = {si:.2f}"), 14)
+        dr.arrow((270, y), (288, y))
+        dr.arrow((370, y), (390, y))
+        dr.rect(395, y - 9, max(bar_max * ai, 1), 18, GREEN, 0.6, rx=2)
+        dr.text(472, y, f"α{_sub(i + 1)} = {ai:.2f}", 14, anchor="start")
+        with dr.group(opacity=0.15 + 0.85 * ai / max(alpha)):  # a value counts as much as its weight
+            dr.rect(570, y - 18, 50, 36, SKY, 0.35, rx=6)
+            dr.arrow((620, y), (668, mid + (y - mid) * 0.25), width=1 + 3 * ai)
+        dr.text(595, y, f"v{_sub(i + 1)}", 16)
+    dr.circle(690, mid, 20, "Σ", size=20)
+    dr.arrow((710, mid), (748, mid))
+    dr.box(750, mid - 20, 50, 40, "o", color=BLUE, size=17)
+    dr.text(W / 2, H - 18, "o = Σᵢ αᵢ vᵢ: every value counts, in proportion to its weight "
+            "(the αᵢ add up to 1)", 14)
+    return dr.diagram()
+
+
+def multihead_split_merge(n_heads: int = 4) -> Diagram:
+    """Multi-head attention's shapes: project, split into heads, attend per head, concatenate, mix.
+
+    x (n, d_model) goes through W_Q, W_K, W_V; each result is cut into h column slices of width
+    d = d_model / h (one colour per head), reshaped to (h, n, d); head i attends with its own
+    slices; the h outputs are put side by side again, (n, d_model), and W_O mixes them.
+    """
+    h = n_heads
+    colors = [PALETTE[i % len(PALETTE)] for i in range(h)]
+    hb, gap, top = 44, 12, 70
+    H_stack = h * hb + (h - 1) * gap
+    mid = top + max(H_stack, 240) / 2
+    W, H = 920, int(top + max(H_stack, 240) + 66)
+    dr = Drawing(_name("multihead_split_merge", h), W, H,
+                 f"Multi-head attention with h = {h} heads: split and merge",
+                 f"The input x of shape (n, d_model) is multiplied by W_Q, W_K and W_V. Each result is cut "
+                 f"into {h} column slices of width d = d_model / {h}, one per head, giving shape "
+                 f"(h, n, d). Each head computes softmax(Q_i K_iᵀ/√d) V_i with its own slices. The {h} "
+                 "head outputs are concatenated side by side back to (n, d_model) and multiplied by W_O.")
+    for x, t in [(54, "input"), (152, "project"), (244, "Q, K, V"), (320, "split"), (482, "h heads"),
+                 (684, "concat"), (770, "mix"), (866, "output")]:
+        dr.text(x, 32, t, 14, weight="600")
+    # input and projections; each projected matrix is drawn in the colours of the heads its columns go to
+    dr.box(10, mid - 45, 88, 90, "x", "(n, d_{model})", BLUE, 17)
+    for j, (wname, mname) in enumerate([("W_{Q}", "Q"), ("W_{K}", "K"), ("W_{V}", "V")]):
+        y = mid - 95 + j * 70
+        dr.arrow((98, mid), (126, y + 25))
+        dr.box(128, y, 48, 50, wname, color=PURPLE, size=16)
+        dr.arrow((176, y + 25), (206, y + 25), label=mname, size=15)
+        for i in range(h):
+            dr.rect(208 + i * 72 / h, y, 72 / h, 50, colors[i], 0.45, stroke=INK, width=1)
+    dr.text(244, mid + 132, "(n, d_{model})", 13)
+    # split: one fat arrow, then one box per head
+    dr.arrow((290, mid), (350, mid), label="reshape", width=2.5)
+    dr.text(320, mid + 24, "(h, n, d)", 13)
+    for i in range(h):
+        y = top + i * (hb + gap) + (max(H_stack, 240) - H_stack) / 2
+        dr.box(362, y, 240, hb, f"head {i + 1}: softmax(Q_{{{i + 1}}}K_{{{i + 1}}}ᵀ/√d)V_{{{i + 1}}}",
+               color=colors[i], size=14, fill_opacity=0.22)
+        dr.arrow((602, y + hb / 2), (650, mid + (i - (h - 1) / 2) * 60 / h), width=1.2)
+    # concatenate: the head colours side by side again, then W_O mixes them
+    for i in range(h):
+        dr.rect(652 + i * 64 / h, mid - 40, 64 / h, 80, colors[i], 0.45, stroke=INK, width=1)
+    dr.text(684, mid + 56, "(n, h·d)", 13)
+    dr.arrow((716, mid), (744, mid))
+    dr.box(746, mid - 25, 48, 50, "W_{O}", color=PURPLE, size=16)
+    dr.arrow((794, mid), (822, mid))
+    dr.box(824, mid - 45, 88, 90, "out", "(n, d_{model})", BLUE, 16)
+    dr.text(W / 2, H - 22, f"d = d_{{model}} / h: the {h} heads only reshape Q, K and V — "
+            "they add no parameters", 14)
+    return dr.diagram()
+
+
+def _tip_labels(ms, theta, gap=0.15):
+    """Labels for the arrow tips at angles m·θ; tips closer than ``gap`` radians share one, "0–3"."""
+    groups: list[list] = []
+    for m in ms:
+        if groups and abs(m - groups[-1][0]) * theta < gap:
+            groups[-1].append(m)
+        else:
+            groups.append([m])
+    return [(f"{g[0]}" if len(g) == 1 else f"{g[0]}–{g[-1]}", g[-1] * theta) for g in groups]
+
+
+def rope_rotation(d: int = 8, positions=(0, 1, 2, 3), base: float = 10.0) -> Diagram:
+    """RoPE as rotations: one circle per 2-D plane of q, the vector at position m turned by m·θᵢ.
+
+    θᵢ = base^(−2i/d) from :func:`attnlab.positional.frequencies`; fast planes turn a lot per
+    position, slow planes hardly at all. The default base is 10 so that every plane visibly
+    turns; models use 10000, where the slow planes move even less.
+    """
+    theta = positional.frequencies(d, base).tolist()
+    planes, r, pitch, row_h, per_row = len(theta), 58, 180, 230, 4
+    rows = math.ceil(planes / per_row)
+    W, H = max(min(planes, per_row) * pitch + 20, 700), rows * row_h + 100
+    ms = list(positions)
+    note = "" if base == 10000 else " for visibility (models use 10000)"
+    dr = Drawing(_name("rope_rotation", d, tuple(ms), float(base)), W, H,
+                 f"RoPE rotates each 2-D plane of q by m·θᵢ (d = {d}, base = {base:g})",
+                 f"{planes} circles, one per pair of dimensions of a query of width d = {d}. In each, an "
+                 f"arrow shows the query at positions m = {', '.join(map(str, ms))}, rotated by the angle "
+                 f"m·θᵢ with θᵢ = base^(−2i/d) and base = {base:g}{note}. The frequencies are "
+                 + ", ".join(f"θ{_sub(i)} = {t:.3g}" for i, t in enumerate(theta))
+                 + ". A query at position m is rotated by m·θᵢ in plane i, so the dot product of q at m "
+                 "and k at n depends only on m − n.")
+    for i, th in enumerate(theta):
+        in_row = min(per_row, planes - i // per_row * per_row)
+        cx = (W - in_row * pitch) / 2 + pitch / 2 + i % per_row * pitch
+        cy = 140 + i // per_row * row_h
+        dr.text(cx, cy - 104, f"plane {i}: dims {2 * i}, {2 * i + 1}", 14, weight="600")
+        dr.circle(cx, cy, r, dashed=True, width=1)
+        with dr.group(opacity=0.4):
+            dr.line((cx - r - 6, cy), (cx + r + 6, cy), width=0.8)
+            dr.line((cx, cy - r - 6), (cx, cy + r + 6), width=0.8)
+        for j, m in enumerate(ms):
+            a = m * th
+            fade = 0.45 + 0.55 * j / max(len(ms) - 1, 1)
+            with dr.group(opacity=fade, cls="rope-arrow"):
+                dr.arrow((cx, cy), (cx + r * math.cos(a), cy - r * math.sin(a)), width=2.2)
+        for label, a in _tip_labels(ms, th):
+            dr.text(cx + (r + 14 + 3 * len(label)) * math.cos(a), cy - (r + 13) * math.sin(a), label, 13)
+        dr.text(cx, cy + r + 30, f"θ{_sub(i)} = {th:.3f} rad" if th >= 0.0995 else f"θ{_sub(i)} = {th:.2g} rad", 14)
+    dr.text(W / 2, H - 52, "q at position m is rotated by m·θᵢ in plane i; q_{m}·k_{n} depends only on m − n",
+            15, weight="600")
+    dr.text(W / 2, H - 28, f"numbers at the tips: position m.   d = {d}, base = {base:g}{note}", 14)
+    return dr.diagram()
+
+
+def _fmt_bias(v: float) -> str:
+    """A bias printed short enough for a cell: 0, −0.5, −1.25, −0.016."""
+    if v == 0:
+        return "0"
+    s = f"{v:.3f}".rstrip("0").rstrip(".")
+    return _minus(s)
+
+
+def _fmt_slope(s: float) -> str:
+    inv = 1 / s
+    return f"1/{round(inv)}" if abs(inv - round(inv)) < 1e-9 else f"{s:.3f}"
+
+
+def alibi_bias_grid(n: int = 6, n_heads: int = 4) -> Diagram:
+    """ALiBi's causal bias −slope·(i − j) for every head: an n × n grid, query i down, key j across.
+
+    Cells are shaded by the size of the penalty on one scale for all heads (numbers printed
+    when n ≤ 8); hatched cells above the diagonal are masked (a token sees no future keys).
+    Steep heads look only nearby, shallow heads far back: the slopes are
+    :func:`attnlab.positional.alibi_slopes`.
+    """
+    slopes = positional.alibi_slopes(n_heads).tolist()
+    cell = 54 if n <= 8 else max(4, 200 // n)
+    side = cell * n
+    pw, ph = side + 60, side + 74
+    cols = max(1, min(n_heads, 800 // pw))
+    rows = math.ceil(n_heads / cols)
+    W, H = max(cols * pw + 40, 640), rows * ph + 70
+    biggest = max(slopes) * (n - 1) or 1.0
+    dr = Drawing(_name("alibi_bias_grid", n, n_heads), W, H,
+                 f"ALiBi's causal attention bias for {n_heads} heads, n = {n}",
+                 f"For each of {n_heads} heads a grid of {n} by {n} cells: row i is the query, column j the key. "
+                 "Allowed cells (j ≤ i) hold the bias −slope·(i − j), shaded by its size; cells above the "
+                 "diagonal are masked. The slopes are " + ", ".join(_fmt_slope(s) for s in slopes)
+                 + ", so the first head penalises distance most steeply and the last barely at all.")
+    hatch = dr.hatch()
+    for hd, slope in enumerate(slopes):
+        ox = (W - cols * pw) / 2 + (hd % cols) * pw + 30
+        oy = 16 + (hd // cols) * ph + 46
+        dr.text(ox + side / 2, oy - 30, f"head {hd + 1}: slope {_fmt_slope(slope)}", 14, weight="600")
+        dr.text(ox + side / 2, oy - 11, "key j →", 13)
+        dr.text(ox - 14, oy + side / 2, "query i →", 13, rotate=-90)
+        for i in range(n):
+            for j in range(n):
+                x, y = ox + j * cell, oy + i * cell
+                if j > i:
+                    dr.parts.append(f'<rect x="{_n(x)}" y="{_n(y)}" width="{cell}" height="{cell}" '
+                                    f'fill="url(#{hatch})" stroke="{INK}" stroke-opacity="0.25" '
+                                    'stroke-width="0.5"/>')
+                    continue
+                v = -slope * (i - j)
+                dr.rect(x, y, cell, cell, VERMILLION, 0.08 + 0.55 * abs(v) / biggest, stroke=INK, width=0.5)
+                if n <= 8:
+                    dr.text(x + cell / 2, y + cell / 2, _fmt_bias(v), 13)
+    dr.text(W / 2, H - 22, "bias = −slope·(i − j) is added to the score q_{i}·k_{j}/√d; "
+            "hatched: masked (j > i)", 14)
+    return dr.diagram()
+
+
+def _add(dr: Drawing, x, y, r=13):
+    """A ⊕ node: the residual addition."""
+    dr.circle(x, y, r, width=2)
+    dr.line((x - r + 4, y), (x + r - 4, y), width=2)
+    dr.line((x, y - r + 4), (x, y + r - 4), width=2)
+
+
+def _stream(dr: Drawing, x, y_in, y_out, stops, color, width):
+    """The residual stream from y_in (bottom) up to y_out, broken around the (y, half-height) stops."""
+    y = y_in
+    for yc, half in sorted(stops, reverse=True):
+        dr.line((x, y), (x, yc + half), width=width, color=color)
+        y = yc - half
+    dr.line((x, y), (x, y_out + 14), width=width, color=color)
+    dr.arrow((x, y_out + 16), (x, y_out), width=2, color=color)
+
+
+def _branch(dr: Drawing, x, y_from, y_to, bx, boxes):
+    """A branch leaving the stream at y_from, up through ``boxes`` (label, colour), back into a ⊕ at y_to."""
+    dr.line((x, y_from), (bx, y_from), (bx, y_from - 14))
+    y = y_from - 14
+    for label, color in boxes:
+        dr.arrow((bx, y), (bx, y - 16))
+        dr.box(bx - 52, y - 52, 104, 36, label, color=color, size=15)
+        y -= 52
+    dr.arrow((bx, y), (bx, y_to), (x + 14, y_to))
+    _add(dr, x, y_to)
+
+
+def block_wiring() -> Diagram:
+    """Pre-LN and post-LN Transformer blocks side by side, data flowing upward.
+
+    Pre-LN normalises the input of each branch, x + Attn(LN(x)), so the residual stream is a clean
+    identity path from input to output. Post-LN normalises after each addition, LN(x + Attn(x)),
+    so every path from input to output passes through the LayerNorms.
+    """
+    W, H, pw = 760, 580, 380
+    dr = Drawing("block_wiring", W, H, "Pre-LN and post-LN Transformer blocks",
+                 "Two Transformer blocks, data flowing upward from x to the output. Left, pre-LN: "
+                 "y = x + Attn(LN(x)), out = y + FFN(LN(y)); the LayerNorms sit inside the two branches "
+                 "and the residual stream is an unbroken identity path from x to the output. Right, "
+                 "post-LN: y = LN(x + Attn(x)), out = LN(y + FFN(y)); a LayerNorm follows each addition "
+                 "on the main path, so every path from x to the output passes through both LayerNorms.")
+    for p, (name, f1, f2) in enumerate([("Pre-LN", "y = x + Attn(LN(x))", "out = y + FFN(LN(y))"),
+                                        ("Post-LN", "y = LN(x + Attn(x))", "out = LN(y + FFN(y))")]):
+        ox = p * pw
+        sx = ox + 150
+        dr.text(ox + pw / 2, 24, name, 17, weight="700")
+        dr.text(ox + pw / 2, 50, f1, 15)
+        dr.text(ox + pw / 2, 72, f2, 15)
+        dr.text(sx, 530, "x", 17, italic=True)
+        dr.text(sx, 104, "out", 16, italic=True)
+        if p == 0:  # LN inside the branches: the stream itself is untouched
+            _stream(dr, sx, 515, 120, [(320, 13), (150, 13)], GREEN, 6)
+            _branch(dr, sx, 480, 320, sx + 120, [("LN", PURPLE), ("Attention", BLUE)])
+            _branch(dr, sx, 290, 150, sx + 120, [("LN", PURPLE), ("FFN", ORANGE)])
+            dr.text(sx - 16, 400, "identity path", 14, anchor="end", color=GREEN, weight="600")
+            dr.text(sx - 16, 420, "x → out", 14, anchor="end", color=GREEN)
+        else:  # LN after each addition, on the stream
+            _stream(dr, sx, 515, 120, [(390, 13), (350, 16), (220, 13), (180, 16)], INK, 4)
+            _branch(dr, sx, 480, 390, sx + 120, [("Attention", BLUE)])
+            dr.box(sx - 40, 334, 80, 32, "LN", color=PURPLE)
+            _branch(dr, sx, 300, 220, sx + 120, [("FFN", ORANGE)])
+            dr.box(sx - 40, 164, 80, 32, "LN", color=PURPLE)
+            dr.text(sx - 16, 440, "every path", 14, anchor="end", weight="600")
+            dr.text(sx - 16, 460, "passes both LNs", 14, anchor="end")
+    dr.line((pw, 16), (pw, H - 56), width=1, dashed=True)
+    dr.text(W / 2, H - 22, "A pre-LN stack adds one final LN after its last block (GPT-2 does).", 14)
+    return dr.diagram()
+
+
+def parameter_map(d_model: int = 768, d_ff: int = 3072, n_heads: int = 12) -> Diagram:
+    """One block's weight matrices as rectangles, area ∝ parameter count (biases and norms left out).
+
+    Drawn as rows × columns: W_Q, W_K, W_V, W_O are d_model × d_model squares, W_1 is
+    d_model × d_ff (wide), W_2 is d_ff × d_model (tall). Thin lines mark the n_heads slices of
+    width d = d_model / n_heads (columns of W_Q, W_K, W_V; rows of W_O): heads cut the
+    matrices up, they add no parameters. Total 4·d_model² + 2·d_model·d_ff.
+    """
+    d, f, h = d_model, d_ff, n_heads
+    attn, ffn = 4 * d * d, 2 * d * f
+    s = min(100.0, 400 * d / f)  # px for d_model; d_ff gets s·f/d, so areas stay ∝ counts
+    long, g, x0, y0 = s * f / d, 10, 30, 40
+    x2 = x0 + max(4 * s + 3 * g, long, 480) + 30  # W_2 stands at the right
+    y_legend = y0 + 2 * s + g + 34
+    W, H = int(x2 + s + 30), int(max(y0 + long, y_legend + 130) + 24)
+    dr = Drawing(_name("parameter_map", d, f, h), W, H,
+                 f"The parameters of one Transformer block (d_model = {d}, d_ff = {f})",
+                 f"Rectangles with area proportional to parameter count. Attention: W_Q, W_K, W_V and W_O, "
+                 f"each {d} × {d} = {d * d:,}, together 4·d_model² = {attn:,}. Feed-forward: W_1 "
+                 f"({d} × {f}) and W_2 ({f} × {d}), each {d * f:,}, together 2·d_model·d_ff = {ffn:,}. "
+                 f"Total {attn + ffn:,}, biases and norms ignored. The {h} heads cut W_Q, W_K and W_V "
+                 f"into column slices (and W_O into row slices) of width {d // h}; they add no parameters.")
+
+    def matrix(x, y, w, hgt, color, name, shape, count):
+        dr.rect(x, y, w, hgt, color, 0.18)
+        if w >= 90 and hgt >= 70:  # name, shape and count when they fit; else the legend has them
+            dr.text(x + w / 2, y + hgt / 2 - 20, name, 17)
+            dr.text(x + w / 2, y + hgt / 2 + 2, shape, 13)
+            dr.text(x + w / 2, y + hgt / 2 + 20, f"{count:,}", 13)
+        elif w >= 36:
+            dr.text(x + w / 2, y + hgt / 2, name, 15)
+
+    for k, name in enumerate(["W_{Q}", "W_{K}", "W_{V}", "W_{O}"]):
+        x = x0 + k * (s + g)
+        for i in range(1, h):  # head slices: columns of W_Q, W_K, W_V; rows of W_O
+            t = i * s / h
+            pts = ((x + t, y0 + 1), (x + t, y0 + s - 1)) if k < 3 else ((x + 1, y0 + t), (x + s - 1, y0 + t))
+            dr.line(*pts, width=0.6, color=BLUE)
+        matrix(x, y0, s, s, BLUE, name, f"{d} × {d}", d * d)
+    matrix(x0, y0 + s + g, long, s, ORANGE, "W_{1}", f"{d} × {f}", d * f)
+    matrix(x2, y0, s, long, ORANGE, "W_{2}", f"{f} × {d}", d * f)
+    # legend, in the free space under W_1
+    legend = [(BLUE, f"attention: 4·d_{{model}}² = 4 × {d * d:,} = {attn:,}"),
+              (ORANGE, f"feed-forward: 2·d_{{model}}·d_{{ff}} = 2 × {d * f:,} = {ffn:,}")]
+    for k, (color, label) in enumerate(legend):
+        dr.rect(x0, y_legend + 26 * k - 8, 16, 16, color, 0.3, rx=2)
+        dr.text(x0 + 24, y_legend + 26 * k, label, 15, anchor="start")
+    dr.text(x0, y_legend + 62, f"block total: 4·d_{{model}}² + 2·d_{{model}}·d_{{ff}} = {attn + ffn:,}", 16,
+            anchor="start", weight="700")
+    dr.text(x0, y_legend + 86, "biases and norms ignored; area ∝ number of parameters", 13, anchor="start")
+    dr.text(x0, y_legend + 108, f"thin lines: {h} heads of width d = {d // h}; they add no parameters", 13,
+            anchor="start")
+    dr.text(x0, 20, "one block's weight matrices, drawn rows × columns", 14, anchor="start", weight="600")
+    return dr.diagram()
+
+
+ALL = [qkv_lookup, multihead_split_merge, rope_rotation, alibi_bias_grid, block_wiring, parameter_map]
