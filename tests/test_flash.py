@@ -67,7 +67,7 @@ def test_bad_input():
     q, k, v = _qkv(1, 2, 2, 4, 4, 8, 0)
     with pytest.raises(ValueError, match=r"\(b, h, n, d\)"):
         flash_attention(q[0], k[0], v[0])
-    with pytest.raises(ValueError, match="block_q and block_k must be positive"):
+    with pytest.raises(ValueError, match="flash_attention: block_q must be a positive int, got -1"):
         flash_attention(q, k, v, block_q=-1)
     with pytest.raises(ValueError, match="k must have the same head dimension"):
         flash_attention(q, k[..., :4], v)

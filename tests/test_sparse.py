@@ -59,7 +59,7 @@ def test_sliding_window_equals_masked_dense(n, window, causal, seed):
 
 def test_sliding_window_rejects_bad_input():
     q = torch.randn(1, 2, 5, 4)
-    with pytest.raises(ValueError, match="window must be >= 0"):
+    with pytest.raises(ValueError, match="window must be a non-negative int, got -1"):
         sliding_window_attention(q, q, q, -1)
     with pytest.raises(ValueError, match="same shape"):
         sliding_window_attention(q, q[:, :, :4], q[:, :, :4], 1)

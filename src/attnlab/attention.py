@@ -20,6 +20,7 @@ import math
 import torch
 from torch import nn
 
+from . import _checks
 from .kv_cache import KVCache, LayerKVCache
 
 
@@ -39,34 +40,38 @@ def causal_mask(n: int, m: int | None = None, *, device=None) -> torch.Tensor:
     return j <= i + (m - n)
 
 
-def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fn: str = "scaled_dot_product_attention") -> None:
+    """q, k, v: floating-point tensors of one dtype whose shapes fit together; ``fn`` names the caller."""
+    _checks.floats(fn, q=q, k=k, v=v)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() < 2:
-            raise ValueError(f"{name} must have shape (..., seq, dim), got shape {tuple(t.shape)}")
+            raise ValueError(f"{fn}: {name} must have shape (..., seq, dim), got shape {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{fn}: {name} must have q's dtype {q.dtype}, got {t.dtype}")
     if q.dim() != k.dim() or k.dim() != v.dim():
         raise ValueError(
-            f"q, k, v must have the same number of axes, got q {tuple(q.shape)}, "
+            f"{fn}: q, k, v must have the same number of axes, got q {tuple(q.shape)}, "
             f"k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
+    if q.shape[-1] == 0:
+        raise ValueError(f"{fn}: q must have a head dimension d >= 1, got shape {tuple(q.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"k must have the same head dimension as q: q is {tuple(q.shape)}, "
+            f"{fn}: k must have the same head dimension as q: q is {tuple(q.shape)}, "
             f"so k needs (..., m, {q.shape[-1]}), got {tuple(k.shape)}"
         )
     if k.shape[:-1] != v.shape[:-1]:
         raise ValueError(
-            f"v must have k's shape except the last axis: k is {tuple(k.shape)}, "
+            f"{fn}: v must have k's shape except the last axis: k is {tuple(k.shape)}, "
             f"so v needs {tuple(k.shape[:-1]) + ('d_v',)}, got {tuple(v.shape)}"
         )
     if q.shape[:-3] != k.shape[:-3]:
         raise ValueError(
-            f"q and k must share batch axes: q is {tuple(q.shape)}, k is {tuple(k.shape)}"
+            f"{fn}: q and k must share batch axes: q is {tuple(q.shape)}, k is {tuple(k.shape)}"
         )
-    if q.dim() >= 3 and q.shape[-3] % k.shape[-3] != 0:
+    if q.dim() >= 3 and (k.shape[-3] == 0 or q.shape[-3] % k.shape[-3] != 0):
         raise ValueError(
-            f"k must have a number of heads that divides q's ({q.shape[-3]}): "
+            f"{fn}: k must have a number of heads that divides q's ({q.shape[-3]}): "
             f"q is {tuple(q.shape)}, k is {tuple(k.shape)}"
         )
 
@@ -77,6 +82,7 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     Query head i then reads key/value head i // n_rep, the grouping torch uses for
     ``enable_gqa=True``.
     """
+    _checks.ints("repeat_kv", n_rep=n_rep)
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=-3)
 
 
@@ -161,6 +167,9 @@ def scaled_dot_product_attention(
     Returns:
         output (b, h, n, d_v), and the weights if ``return_weights``. A query with no key it
         may attend to gets weights 0 and output 0.
+
+    Raises: TypeError if q, k, v are not floating-point tensors of one dtype; ValueError, naming
+    the argument, if their shapes do not fit together or the mask does not broadcast.
     """
     _check_shapes(q, k, v)
     if q.dim() >= 3:
@@ -222,6 +231,7 @@ class MultiHeadAttention(nn.Module):
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        _checks.ints("MultiHeadAttention", d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
         if d_model % n_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         if n_heads % n_kv_heads != 0:

@@ -11,7 +11,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import _checks
 from .attention import MultiHeadAttention
+
+
+def _check_width(fn: str, x: torch.Tensor, d: int) -> None:
+    _checks.floats(fn, x=x)
+    if x.dim() == 0 or x.shape[-1] != d:
+        raise ValueError(f"{fn}: x must have shape (..., {d}), got {tuple(x.shape)}")
 
 
 class LayerNorm(nn.Module):
@@ -30,6 +37,7 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(d)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width("LayerNorm", x, self.weight.shape[0])
         mu = x.mean(-1, keepdim=True)
         var = (x - mu).square().mean(-1, keepdim=True)
         y = (x - mu) / torch.sqrt(var + self.eps) * self.weight
@@ -48,6 +56,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width("RMSNorm", x, self.weight.shape[0])
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps) * self.weight
 
 
@@ -70,6 +79,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width("FeedForward", x, self.up.in_features)
         return self.dropout(self.down(self.act(self.up(x))))
 
 
@@ -112,12 +122,15 @@ class TransformerBlock(nn.Module):
 
 def count_parameters(module: nn.Module) -> int:
     """Number of parameters of a module (works on the meta device, where nothing is allocated)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"count_parameters: module must be a torch.nn.Module, got {type(module).__name__}")
     return sum(p.numel() for p in module.parameters())
 
 
 def approx_transformer_parameters(n_layers: int, d_model: int, vocab: int = 0, n_ctx: int = 0) -> int:
     r"""The rule of thumb :math:`12 L d^2` (4d² attention + 8d² FFN with d_ff = 4d per block),
     plus token (vocab · d) and learned position (n_ctx · d) embeddings. Biases and norms are ignored."""
+    _checks.at_least("approx_transformer_parameters", 0, n_layers=n_layers, d_model=d_model, vocab=vocab, n_ctx=n_ctx)
     return 12 * n_layers * d_model**2 + (vocab + n_ctx) * d_model
 
 
@@ -129,6 +142,7 @@ def block_flops(n: int, d_model: int, d_ff: int | None = None) -> dict[str, int]
     number of heads.
     """
     d_ff = 4 * d_model if d_ff is None else d_ff
+    _checks.at_least("block_flops", 0, n=n, d_model=d_model, d_ff=d_ff)
     parts = {
         "QKV projections": 6 * n * d_model**2,
         "QKᵀ": 2 * n * n * d_model,

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _checks
 from .attention import MultiHeadAttention, attention_entropy, scaled_dot_product_attention
 from .blocks import RMSNorm
 
@@ -95,6 +96,7 @@ class DifferentialAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, layer: int = 1, *, bias: bool = False):
         super().__init__()
+        _checks.ints("DifferentialAttention", d_model=d_model, n_heads=n_heads)
         if d_model % (2 * n_heads) != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by 2 * n_heads ({2 * n_heads})")
         self.n_heads, self.head_dim = n_heads, d_model // (2 * n_heads)
@@ -208,4 +210,8 @@ class RetrievalModel(nn.Module):
 
 def retrieval_loss(model: nn.Module, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of the query's answer: model(tokens) (b, n_out) against targets (b,)."""
-    return F.cross_entropy(model(tokens), targets)
+    logits = model(tokens)
+    if targets.shape != logits.shape[:1]:
+        raise ValueError(f"retrieval_loss: targets must have shape (b,) = ({logits.shape[0]},), "
+                         f"got {tuple(targets.shape)}")
+    return F.cross_entropy(logits, targets)

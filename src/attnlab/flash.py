@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from . import _checks
 from .attention import _check_shapes, repeat_kv
 
 DEFAULT_BLOCK = 256  # benchmarks/flash_tiles.py: 256-wide tiles are the fastest on a 2-core CPU
@@ -35,6 +36,8 @@ def online_softmax(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Ten
     Returns (softmax (..., m), final max (...,), final normaliser (...,)); the softmax uses the
     final m and ℓ, which is what a second pass (or FlashAttention's rescaled output) needs.
     """
+    _checks.floats("online_softmax", x=x)
+    _checks.ints("online_softmax", block=block)
     running_max = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
     normaliser = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     for start in range(0, x.shape[-1], block):
@@ -133,6 +136,19 @@ class _FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None
 
 
+def _check_same_heads(fn: str, q: torch.Tensor, k: torch.Tensor) -> None:
+    if q.shape[:-2] != k.shape[:-2]:
+        raise ValueError(f"{fn}: k must have q's leading axes {tuple(q.shape[:-2])} (h_kv = h), got {tuple(k.shape)}")
+
+
+def _blocks(fn: str, block_q: int | None, block_k: int | None) -> tuple[int, int]:
+    """The tile sizes, ``DEFAULT_BLOCK`` where None; each must be a positive int."""
+    block_q = DEFAULT_BLOCK if block_q is None else block_q
+    block_k = DEFAULT_BLOCK if block_k is None else block_k
+    _checks.ints(fn, block_q=block_q, block_k=block_k)
+    return block_q, block_k
+
+
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
     block_q: int | None = None, block_k: int | None = None, scale: float | None = None,
@@ -148,13 +164,12 @@ def flash_attention(
         block_q, block_k: tile sizes (default ``DEFAULT_BLOCK``); any n and m work.
         scale: multiplies the scores; default 1 / sqrt(d).
     Returns: (b, h, n, d_v). A query with no allowed key gets zeros.
+    Raises: TypeError for integer q, k, v; ValueError for shapes that do not fit or block sizes < 1.
     """
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, "flash_attention")
     if q.dim() != 4:
-        raise ValueError(f"flash_attention needs q of shape (b, h, n, d), got {tuple(q.shape)}")
-    block_q, block_k = block_q or DEFAULT_BLOCK, block_k or DEFAULT_BLOCK
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block_q and block_k must be positive, got {block_q} and {block_k}")
+        raise ValueError(f"flash_attention: q must have shape (b, h, n, d), got {tuple(q.shape)}")
+    block_q, block_k = _blocks("flash_attention", block_q, block_k)
     n_rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # autograd sums the repeated heads' gradients back
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -172,9 +187,11 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: 
     attention, chapter 14). Shapes as in :func:`flash_attention` with h_kv = h; returns out
     (b, h, n, d_v) and lse (b, h, n), +inf for a row with no allowed key (its output is 0).
     """
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, "flash_forward")
+    _check_same_heads("flash_forward", q, k)
+    block_q, block_k = _blocks("flash_forward", block_q, block_k)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return _forward(q, k, v, scale, causal, block_q or DEFAULT_BLOCK, block_k or DEFAULT_BLOCK)
+    return _forward(q, k, v, scale, causal, block_q, block_k)
 
 
 def flash_trace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -185,6 +202,9 @@ def flash_trace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
     (normalised by the ℓ so far) of every row, after that tile. Shapes as in :func:`flash_attention`
     with h_kv = h.
     """
+    _check_shapes(q, k, v, "flash_trace")
+    _check_same_heads("flash_trace", q, k)
+    _checks.ints("flash_trace", block_q=block_q, block_k=block_k)
     trace: list[dict] = []
     out, _ = _forward(q, k, v, 1.0 / math.sqrt(q.shape[-1]), causal, block_q, block_k, trace)
     return out, trace
@@ -196,6 +216,7 @@ def hbm_accesses_standard(n: int, d: int) -> int:
     read Q, K (2nd), write S (n²); read S, write P (2n²); read P, V (n² + nd), write O (nd):
     4nd + 4n², which is Θ(nd + n²).
     """
+    _checks.at_least("hbm_accesses_standard", 0, n=n, d=d)
     return 4 * n * d + 4 * n * n
 
 
@@ -206,6 +227,8 @@ def hbm_accesses_flash(n: int, d: int, sram: int) -> int:
     outer iterations loads its K_j, V_j once (2nd in total) and streams all of Q, O and the
     row statistics through (≈ 2nd + 2nd + 2n per pass). Total Θ(n² d² / M) once M ≥ d².
     """
+    _checks.at_least("hbm_accesses_flash", 0, n=n)
+    _checks.at_least("hbm_accesses_flash", 1, d=d, sram=sram)
     block_c = math.ceil(sram / (4 * d))
     passes = math.ceil(n / block_c)
     return 2 * n * d + passes * (4 * n * d + 4 * n)

@@ -105,6 +105,8 @@ def top_share(power: torch.Tensor, top: int = 5) -> float:
 def key_frequencies(embedding: torch.Tensor, top: int = 5) -> list[int]:
     """The ``top`` strongest non-constant frequencies k (1 <= k <= p // 2), strongest first."""
     power = fourier_power(embedding)[1:]
+    if not 1 <= top <= power.numel():
+        raise ValueError(f"key_frequencies: top must be between 1 and {power.numel()}, got {top}")
     return [int(k) + 1 for k in power.topk(top).indices]
 
 

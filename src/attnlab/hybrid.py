@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import _checks
 from .attention import MultiHeadAttention
 from .blocks import FeedForward, RMSNorm
 from .hyena import HyenaOperator
@@ -68,8 +69,13 @@ def jamba_pattern(n_layers: int = 32, attn_period: int = 8, attn_offset: int = 4
 
     32 layers give attention at 4, 12, 20, 28: 4 attention : 28 Mamba = 1 : 7, r = 1/8.
     """
-    if not (0 <= attn_offset < attn_period and 0 <= expert_offset < expert_period):
-        raise ValueError("offsets must lie in [0, period)")
+    _checks.ints("jamba_pattern", n_layers=n_layers, minimum=0)
+    _checks.ints("jamba_pattern", attn_period=attn_period, expert_period=expert_period)
+    if not 0 <= attn_offset < attn_period:
+        raise ValueError(f"jamba_pattern: attn_offset must lie in [0, attn_period={attn_period}), got {attn_offset}")
+    if not 0 <= expert_offset < expert_period:
+        raise ValueError(f"jamba_pattern: expert_offset must lie in [0, expert_period={expert_period}), "
+                         f"got {expert_offset}")
     return [LayerSpec("attention" if l % attn_period == attn_offset else "mamba",
                       "moe" if l % expert_period == expert_offset else "mlp") for l in range(n_layers)]
 
@@ -89,6 +95,7 @@ def zamba_pattern(n_mamba: int = 12, shared_every: int = 6) -> list[LayerSpec]:
 
 def griffin_pattern(n_layers: int = 12, recurrent_per_attention: int = 2) -> list[LayerSpec]:
     """Griffin / RecurrentGemma: residual blocks cycling (RG-LRU, RG-LRU, local MQA), each with an MLP."""
+    _checks.ints("griffin_pattern", n_layers=n_layers, recurrent_per_attention=recurrent_per_attention, minimum=0)
     period = recurrent_per_attention + 1
     return [LayerSpec("local_attention" if l % period == recurrent_per_attention else "rglru")
             for l in range(n_layers)]
@@ -108,17 +115,31 @@ def striped_hyena_pattern(n_layers: int = 32, attention_layers=None) -> list[Lay
 
 def uniform_pattern(mixer: str, n_layers: int, ffn: str | None = "mlp") -> list[LayerSpec]:
     """n_layers identical layers: a Transformer ("attention"), a pure Mamba stack ("mamba", ffn None), ..."""
+    _checks.ints("uniform_pattern", n_layers=n_layers)
     return [LayerSpec(mixer, ffn) for _ in range(n_layers)]
+
+
+def _check_pattern(fn: str, pattern) -> list[LayerSpec]:
+    """The pattern as a list; it must hold at least one LayerSpec and nothing else."""
+    pattern = list(pattern)
+    if not pattern:
+        raise ValueError(f"{fn}: pattern must have at least one layer, got an empty pattern")
+    wrong = [s for s in pattern if not isinstance(s, LayerSpec)]
+    if wrong:
+        raise TypeError(f"{fn}: pattern must be a list of LayerSpec, got a {type(wrong[0]).__name__} in it")
+    return pattern
 
 
 def pattern_string(pattern: list[LayerSpec]) -> tuple[str, str]:
     """Two strings, one letter per layer: the mixers (A attention, W local attention, L linear
     attention, M Mamba, R RG-LRU, H Hyena, S shared attention) and the FFNs (f MLP, E experts, · none)."""
+    pattern = _check_pattern("pattern_string", pattern)
     return "".join(MIXERS[s.mixer] for s in pattern), "".join(FFNS[s.ffn] for s in pattern)
 
 
 def attention_fraction(pattern: list[LayerSpec], *, include_local: bool = False) -> float:
     r"""r = (attention layers) / (sequence-mixing layers); local attention counts only if asked."""
+    pattern = _check_pattern("attention_fraction", pattern)
     kinds = {"attention", "shared_attention"} | ({"local_attention"} if include_local else set())
     return sum(s.mixer in kinds for s in pattern) / len(pattern)
 
@@ -177,6 +198,9 @@ class CausalLinearAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != self.qkv.in_features:
+            raise ValueError(f"CausalLinearAttention: x must be (b, L, d_model={self.qkv.in_features}), "
+                             f"got {tuple(x.shape)}")
         b, length, d = x.shape
         q, k, v = (t.view(b, length, self.n_heads, self.head_dim).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
         out = linear_attention(q, k, v, causal=True, method="chunked")
@@ -207,6 +231,9 @@ class SharedAttentionBlock(nn.Module):
         self.ffn = FeedForward(d_model, d_ff)
 
     def forward(self, x: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
+        if embeddings.shape != x.shape:
+            raise ValueError(f"SharedAttentionBlock: embeddings must have x's shape {tuple(x.shape)}, "
+                             f"got {tuple(embeddings.shape)}")
         a = self.attn(self.norm_in(torch.cat([x, embeddings], dim=-1)), causal=True)
         return a + self.ffn(self.norm_ff(a))
 
@@ -239,6 +266,9 @@ class HybridLayer(nn.Module):
         self.spec = spec
         d = config.d_model
         if spec.mixer == "shared_attention":
+            if shared is None:
+                raise ValueError("HybridLayer: a shared_attention layer needs shared, "
+                                 "the SharedAttentionBlock it calls")
             self.shared, self.proj = shared, nn.Linear(d, d, bias=False)
         else:
             self.norm, self.mixer = RMSNorm(d), build_mixer(spec.mixer, config)
@@ -269,9 +299,7 @@ class HybridLM(nn.Module):
 
     def __init__(self, pattern: list[LayerSpec], config: HybridConfig | None = None):
         super().__init__()
-        if not pattern:
-            raise ValueError("pattern must have at least one layer")
-        self.pattern, self.config = list(pattern), config or HybridConfig()
+        self.pattern, self.config = _check_pattern("HybridLM", pattern), config or HybridConfig()
         c = self.config
         self.embed = nn.Embedding(c.vocab, c.d_model)
         self.position = nn.Embedding(c.max_len, c.d_model) if c.max_len else None
@@ -393,6 +421,7 @@ def mamba_parameters(d_model: int, d_state: int = 16, d_conv: int = 4, expand: i
 
     — about :math:`3Ed^2 = 6d^2`, not "3d² (A, B, C)". ``inner_norms`` adds Jamba's R + 2n.
     """
+    _checks.at_least("mamba_parameters", 1, d_model=d_model, d_state=d_state, d_conv=d_conv, expand=expand)
     d_inner, rank = expand * d_model, dt_rank or -(-d_model // 16)
     return (2 * d_inner * d_model + d_inner * (d_conv + 1) + d_inner * (rank + 2 * d_state) + (rank + 1) * d_inner
             + d_inner * d_state + d_inner + d_inner * d_model + ((rank + 2 * d_state) if inner_norms else 0))
@@ -400,12 +429,14 @@ def mamba_parameters(d_model: int, d_state: int = 16, d_conv: int = 4, expand: i
 
 def attention_parameters(d_model: int, n_heads: int, n_kv_heads: int) -> int:
     r"""Parameters of one attention mixer without biases: :math:`2d^2 + 2 d\, h_{kv} d_h` (W^Q, W^O, W^K, W^V)."""
+    _checks.at_least("attention_parameters", 1, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
     head_dim = d_model // n_heads
     return 2 * d_model * d_model + 2 * d_model * n_kv_heads * head_dim
 
 
 def ffn_parameters(d_model: int, d_ff: int, *, glu: bool = True, bias: bool = False) -> int:
     r"""One feed-forward network: :math:`3 d\, d_{ff}` gated (SwiGLU), :math:`2 d\, d_{ff}` (+ d_ff + d biases) otherwise."""
+    _checks.at_least("ffn_parameters", 0, d_model=d_model, d_ff=d_ff)
     return (3 if glu else 2) * d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
 
@@ -421,6 +452,8 @@ def parameter_count(config: ModelConfig) -> dict[str, int]:
     because only half the layers have experts and the embeddings, Mamba and attention layers
     and the dense FFNs are always active.
     """
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"parameter_count: config must be a ModelConfig, got {type(config).__name__}")
     c = config
     pattern = c.pattern()
     n_attn = sum(s.mixer == "attention" for s in pattern)
@@ -445,6 +478,7 @@ def ssm_state_bytes(n_layers: int, d_inner: int, d_state: int = 16, d_conv: int 
                     bytes_per_element: float = 2) -> float:
     r"""Bytes of the recurrent state of ``n_layers`` Mamba layers: :math:`L\, d_\text{inner}(n + d_\text{conv} - 1)\, b\,` bytes,
     independent of the context length (``attnlab.ssm.state_size`` per layer)."""
+    _checks.at_least("ssm_state_bytes", 0, n_layers=n_layers, batch=batch, bytes_per_element=bytes_per_element)
     return n_layers * mamba_state_size(d_inner, d_state, d_conv) * batch * bytes_per_element
 
 
@@ -455,6 +489,7 @@ def ssm_state_bytes(n_layers: int, d_inner: int, d_state: int = 16, d_conv: int 
 def attention_layer_flops(n: int, d_model: int) -> dict[str, float]:
     r"""Forward FLOPs (2 per multiply-add) of one attention mixer on n tokens:
     projections :math:`8 n d^2`, scores and mixing :math:`4 n^2 d` (the full n × n product, as a dense kernel computes it)."""
+    _checks.at_least("attention_layer_flops", 0, n=n, d_model=d_model)
     return {"linear": 8.0 * n * d_model**2, "quadratic": 4.0 * n * n * d_model}
 
 
@@ -467,6 +502,7 @@ def mamba_layer_flops(n: int, d_model: int, d_state: int = 16, expand: int = 2, 
     (in_proj, conv, x_proj, dt_proj, the scan — about 9 operations per state and token for
     exp, the two products of the update, and :math:`C_t^\top h_t` — and out_proj). Linear in n.
     """
+    _checks.at_least("mamba_layer_flops", 0, n=n, d_model=d_model, d_state=d_state, expand=expand, d_conv=d_conv)
     d_inner, rank = expand * d_model, dt_rank or -(-d_model // 16)
     return float(n * (4 * d_model * d_inner + 2 * d_inner * d_conv + 2 * d_inner * (rank + 2 * d_state)
                       + 2 * rank * d_inner + 9 * d_inner * d_state + 2 * d_inner * d_model))
@@ -498,6 +534,10 @@ def forward_flops(n: int, d_model: int, n_layers: int, attn_fraction: float, d_f
 
 def local_exponent(ns, flops) -> list[float]:
     r"""The local growth exponent :math:`\mathrm d \log F / \mathrm d \log n` between consecutive points (len(ns) − 1 values)."""
+    if len(ns) != len(flops):
+        raise ValueError(f"local_exponent: ns and flops must have the same length, got {len(ns)} and {len(flops)}")
+    if min([*ns, *flops], default=1) <= 0:
+        raise ValueError("local_exponent: ns and flops must be positive (their logarithms are taken)")
     return [math.log(f1 / f0) / math.log(n1 / n0) for n0, n1, f0, f1 in zip(ns, ns[1:], flops, flops[1:])]
 
 
@@ -549,6 +589,8 @@ def lower_block_rank(matrix: torch.Tensor, rtol: float = 1e-6) -> int:
     n-semiseparable matrices (selective SSMs with state n, masked linear attention with key
     dimension n) give at most n; causal softmax attention generically gives full rank.
     """
+    if matrix.dim() != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"lower_block_rank: matrix must be square (L, L), got {tuple(matrix.shape)}")
     length = matrix.shape[0]
     ranks = [int(torch.linalg.matrix_rank(matrix[k:, :k].double(), rtol=rtol)) for k in range(1, length)]
     return max(ranks)

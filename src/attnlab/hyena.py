@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import _checks
 from .ssm import lti_convolution, lti_recurrence, ssm_kernel
 
 CONV_METHODS = ("fft", "direct", "recurrent")
@@ -45,6 +46,8 @@ def causal_conv_direct(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 def toeplitz(h: torch.Tensor) -> torch.Tensor:
     r"""The lower-triangular Toeplitz matrices :math:`T_{ts} = h_{t-s}` for s ≤ t: h (..., L) → (..., L, L)."""
+    if not isinstance(h, torch.Tensor) or h.dim() == 0:
+        raise ValueError(f"toeplitz: h must be a tensor of shape (..., L), got {getattr(h, 'shape', type(h).__name__)}")
     length = h.shape[-1]
     lag = torch.arange(length, device=h.device).unsqueeze(-1) - torch.arange(length, device=h.device)
     return torch.where(lag >= 0, h[..., lag.clamp(min=0)], h.new_zeros(()))
@@ -133,6 +136,10 @@ def conv_flops(length: int, d: int, method: str) -> float:
     Direct: :math:`2 d \cdot L(L+1)/2`. FFT (real, padded to 2L): about :math:`3 \cdot 5 d\,(2L)\log_2(2L)/2`
     for two forward transforms and one inverse, plus the pointwise product — :math:`O(d L \log L)`.
     """
+    if method not in ("fft", "direct"):
+        raise ValueError(f"conv_flops: method must be 'fft' or 'direct', got {method!r}")
+    _checks.at_least("conv_flops", 1, length=length)
+    _checks.at_least("conv_flops", 0, d=d)
     if method == "direct":
         return float(d * length * (length + 1))
     n = 2 * length

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import torch
 
+from . import _checks
 from .tasks import RegressionPrompts
+
+
+def _check_prompts(fn: str, prompts) -> None:
+    if not isinstance(prompts, RegressionPrompts):
+        raise TypeError(f"{fn}: prompts must be a RegressionPrompts (attnlab.tasks.in_context_regression), "
+                        f"got {type(prompts).__name__}")
 
 
 def prompt_tokens(prompts: RegressionPrompts) -> torch.Tensor:
     """Stack the context pairs and the query (its y slot 0) into tokens (b, N + 1, d + 1)."""
+    _check_prompts("prompt_tokens", prompts)
     context = torch.cat([prompts.x, prompts.y.unsqueeze(-1)], dim=-1)
     query = torch.cat([prompts.x_test, torch.zeros_like(prompts.y_test).unsqueeze(-1)], dim=-1)
     return torch.cat([context, query.unsqueeze(1)], dim=1)
@@ -29,6 +37,14 @@ def linear_self_attention(tokens: torch.Tensor, w_kq: torch.Tensor, w_pv: torch.
 
     tokens: (b, N + 1, d + 1), the query last; w_kq, w_pv: (d + 1, d + 1).
     """
+    if tokens.dim() != 3 or tokens.shape[1] < 2:
+        raise ValueError(f"linear_self_attention: tokens must be (b, N + 1, d + 1) with N >= 1, "
+                         f"got {tuple(tokens.shape)}")
+    width = tokens.shape[-1]
+    for name, w in (("w_kq", w_kq), ("w_pv", w_pv)):
+        if w.shape != (width, width):
+            raise ValueError(f"linear_self_attention: {name} must be (d + 1, d + 1) = ({width}, {width}), "
+                             f"got {tuple(w.shape)}")
     context = tokens[:, :-1]
     n = context.shape[1]
     scores = context @ w_kq @ tokens.transpose(1, 2)             # (b, N, N + 1): e_iᵀ W_KQ e_j
@@ -37,6 +53,7 @@ def linear_self_attention(tokens: torch.Tensor, w_kq: torch.Tensor, w_pv: torch.
 
 def gd_weights(d: int, eta: float, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
     """von Oswald et al.'s weights: W_KQ reads x·x', W_PV writes -η y into the y slot."""
+    _checks.ints("gd_weights", d=d)
     w_kq = torch.zeros(d + 1, d + 1, dtype=dtype)
     w_kq[:d, :d] = torch.eye(d, dtype=dtype)
     w_pv = torch.zeros(d + 1, d + 1, dtype=dtype)
@@ -49,6 +66,8 @@ def gd_predictions(prompts: RegressionPrompts, eta: float, steps: int) -> torch.
 
     Loss :math:`\frac{1}{2N}\sum_i (w\cdot x_i - y_i)^2`, update :math:`w \leftarrow w - \eta \nabla L`.
     """
+    _check_prompts("gd_predictions", prompts)
+    _checks.ints("gd_predictions", steps=steps)
     x, y = prompts.x, prompts.y
     w = torch.zeros_like(prompts.x_test)
     out = []
@@ -61,6 +80,7 @@ def gd_predictions(prompts: RegressionPrompts, eta: float, steps: int) -> torch.
 
 def ridge_prediction(prompts: RegressionPrompts, lam: float) -> torch.Tensor:
     r"""The ridge-regression prediction :math:`x_{test}^\top (X^\top X + \lambda I)^{-1} X^\top y`, (b,)."""
+    _check_prompts("ridge_prediction", prompts)
     x, y = prompts.x, prompts.y
     gram = x.transpose(1, 2) @ x + lam * torch.eye(x.shape[-1], dtype=x.dtype)
     w = torch.linalg.solve(gram, (x.transpose(1, 2) @ y.unsqueeze(-1))).squeeze(-1)
@@ -105,6 +125,9 @@ def effective_step_size(w_kq: torch.Tensor, w_pv: torch.Tensor) -> tuple[float, 
     :math:`\eta = -\mathrm{tr} M / d` and the relative distance
     :math:`\lVert M + \eta I \rVert_F / \lVert M \rVert_F` (0 for exact GD).
     """
+    if w_kq.dim() != 2 or w_kq.shape[0] != w_kq.shape[1] or w_kq.shape[0] < 2 or w_pv.shape != w_kq.shape:
+        raise ValueError(f"effective_step_size: w_kq and w_pv must both be (d + 1, d + 1) with d >= 1, "
+                         f"got {tuple(w_kq.shape)} and {tuple(w_pv.shape)}")
     d = w_kq.shape[-1] - 1
     m = w_pv[d, d] * w_kq[:d, :d]
     eta = -torch.trace(m) / d

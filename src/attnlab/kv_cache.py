@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _checks
+
 
 class LayerKVCache:
     r"""The keys and values of one attention layer, preallocated to ``max_len`` positions.
@@ -139,6 +141,8 @@ def mla_cache_bytes(n_layers: int, latent_dim: int, rope_dim: int, seq_len: int,
     Each token stores one compressed latent :math:`c^{KV}` of width d_c, from which every head's
     K and V are re-projected, plus one shared RoPE key of width d_h^R, instead of 2 h_kv d values.
     """
+    _checks.at_least("mla_cache_bytes", 0, n_layers=n_layers, latent_dim=latent_dim, rope_dim=rope_dim,
+                     seq_len=seq_len, batch=batch)
     return n_layers * (latent_dim + rope_dim) * seq_len * batch * bytes_per_element
 
 
@@ -191,6 +195,9 @@ PRESETS: dict[str, CacheSpec] = {spec.name: spec for spec in (
 def variants(n_layers: int = 32, n_heads: int = 32, head_dim: int = 128, *, window: int = 4096,
              latent_dim: int = 512, rope_dim: int = 64) -> dict[str, CacheSpec]:
     """The same model shape with each kind of cache: MHA, GQA (8 groups), MQA, MLA, sliding window."""
+    _checks.ints("variants", n_layers=n_layers, n_heads=n_heads, head_dim=head_dim, window=window,
+                 latent_dim=latent_dim)
+    _checks.ints("variants", rope_dim=rope_dim, minimum=0)
     return {spec.name: spec for spec in (
         CacheSpec("MHA", n_layers, n_heads, head_dim, n_heads),
         CacheSpec("GQA (8 KV heads)", n_layers, min(8, n_heads), head_dim, n_heads),

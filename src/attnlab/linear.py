@@ -16,21 +16,26 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import _checks
+
 METHODS = ("parallel", "recurrent", "chunked")
 
 
 def elu_feature(x: torch.Tensor) -> torch.Tensor:
     """φ(x) = elu(x) + 1 > 0 (Katharopoulos et al.)."""
+    _checks.floats("elu_feature", x=x)
     return F.elu(x) + 1
 
 
 def relu_feature(x: torch.Tensor) -> torch.Tensor:
     """φ(x) = relu(x); rows can be all zero, so the normaliser is guarded."""
+    _checks.floats("relu_feature", x=x)
     return F.relu(x)
 
 
 def orthogonal_gaussian(m: int, d: int, *, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
     """(m, d) random features: blocks of orthogonal rows, each rescaled to a chi(d)-distributed norm."""
+    _checks.ints("orthogonal_gaussian", m=m, d=d)
     g = torch.Generator().manual_seed(seed)
     blocks = []
     for _ in range(math.ceil(m / d)):
@@ -49,6 +54,9 @@ def favor_feature(x: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
 
     so that E[φ(q)·φ(k)] = exp(q·k/√d). omega: (m, d) from :func:`orthogonal_gaussian`.
     """
+    _checks.floats("favor_feature", x=x, omega=omega)
+    if omega.dim() != 2 or omega.shape[-1] != x.shape[-1]:
+        raise ValueError(f"favor_feature: omega must have shape (m, d={x.shape[-1]}), got {tuple(omega.shape)}")
     x = x / x.shape[-1] ** 0.25
     return torch.exp(x @ omega.T - x.square().sum(-1, keepdim=True) / 2) / math.sqrt(omega.shape[0])
 
@@ -69,6 +77,15 @@ def _normalise(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tens
     return numerator / denominator.clamp_min(1e-12).unsqueeze(-1)
 
 
+def _check_qkv(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    _checks.floats(fn, q=q, k=k, v=v)
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"{fn}: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dim() != 4 or k.shape != q.shape or v.shape[:-1] != q.shape[:-1] or q.shape[-2] == 0:
+        raise ValueError(f"{fn}: q, k, v must be (b, h, n, d), (b, h, n, d), (b, h, n, d_v) with the same b, h, n "
+                         f"and n >= 1; got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+
+
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, feature_map: str = "elu",
                      causal: bool = False, method: str = "parallel", chunk: int = 64,
                      omega: torch.Tensor | None = None) -> torch.Tensor:
@@ -82,12 +99,14 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, featu
     (O(n m d_v), constant memory per step);
     chunked: the parallel form inside chunks of ``chunk`` tokens and the state between them.
     Non-causal attention needs no recurrence: the sums run over all keys.
+
+    Raises: TypeError for integer q, k, v; ValueError for a bad method, chunk < 1, or shapes
+    that are not (b, h, n, d) with the same b, h and n >= 1.
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if q.dim() != 4 or k.shape[:-1] != q.shape[:-1] or v.shape[:-1] != q.shape[:-1]:
-        raise ValueError(f"q, k, v must be (b, h, n, d) with the same b, h, n; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    _check_qkv("linear_attention", q, k, v)
+    _checks.ints("linear_attention", chunk=chunk)
     phi = _features(feature_map, omega)
     fq, fk = phi(q), phi(k)
     if not causal:
@@ -137,6 +156,9 @@ def gated_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo
     """
     if method not in ("recurrent", "chunked"):
         raise ValueError(f"method must be 'recurrent' or 'chunked', got {method!r}")
+    _check_qkv("gated_linear_attention", q, k, v)
+    _checks.floats("gated_linear_attention", log_decay=log_decay)
+    _checks.ints("gated_linear_attention", chunk=chunk)
     if log_decay.shape != k.shape or (log_decay > 0).any():
         raise ValueError(f"log_decay must have k's shape {tuple(k.shape)} and be <= 0, got shape {tuple(log_decay.shape)}")
     state = torch.zeros(*q.shape[:2], k.shape[-1], v.shape[-1], dtype=q.dtype, device=q.device)

@@ -18,6 +18,7 @@ import math
 import torch
 from torch import nn
 
+from . import _checks
 from .blocks import TransformerBlock
 
 
@@ -53,6 +54,7 @@ def block_flops_fraction(capacity: float, length: int, d_model: int) -> float:
 
     The router itself (d per token) is left out.
     """
+    _checks.at_least("block_flops_fraction", 1, length=length, d_model=d_model)
     k = routed_tokens(capacity, length)
     return (24 * k * d_model ** 2 + 4 * k * k * d_model) / (24 * length * d_model ** 2 + 4 * length * length * d_model)
 

@@ -135,6 +135,8 @@ def sample_next(logits: torch.Tensor, *, temperature: float = 1.0, top_k: int | 
         return logits.argmax(dim=-1, keepdim=True)
     if temperature <= 0:
         raise ValueError(f"temperature must be positive (use greedy=True for argmax), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"sample_next: top_k must be a positive int or None, got {top_k}")
     logits = logits / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]

@@ -47,6 +47,11 @@ def switch_load_balancing_loss(probs: torch.Tensor, expert_index: torch.Tensor, 
 
 def expert_load(expert_index: torch.Tensor, n_experts: int) -> torch.Tensor:
     r"""Fraction of routing slots each expert receives, :math:`f_i`: expert_index (T, k) → (E,), sums to 1."""
+    if expert_index.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"expert_load: expert_index must hold integer expert ids, got {expert_index.dtype}")
+    if expert_index.numel() and (expert_index.min() < 0 or expert_index.max() >= n_experts):
+        raise ValueError(f"expert_load: expert_index must lie in [0, n_experts={n_experts}), "
+                         f"got ids {expert_index.min().item()}..{expert_index.max().item()}")
     counts = torch.bincount(expert_index.reshape(-1), minlength=n_experts).to(torch.get_default_dtype())
     return counts / max(expert_index.numel(), 1)
 

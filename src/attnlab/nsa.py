@@ -31,6 +31,7 @@ import math
 
 import torch
 
+from . import _checks
 from .attention import _check_shapes, masked_scores, masked_softmax, repeat_kv
 from .sparse import sliding_window_mask
 
@@ -42,6 +43,9 @@ def compress(x: torch.Tensor, block: int) -> torch.Tensor:
 
     .. math:: \tilde k_j = \frac1l \sum_{t = jl}^{(j+1)l - 1} k_t
     """
+    _checks.ints("compress", block=block)
+    if x.dim() < 2:
+        raise ValueError(f"compress: x must have shape (..., n, d), got {tuple(x.shape)}")
     n_full = x.shape[-2] // block
     return x[..., : n_full * block, :].unflatten(-2, (n_full, block)).mean(-2)
 
@@ -61,6 +65,11 @@ def selection_mask(importance: torch.Tensor, n: int, block: int, n_selected: int
 
     Args: importance (b, h_kv, n, n_blocks), larger = more important; n the sequence length.
     """
+    _checks.ints("selection_mask", n=n, minimum=0)
+    _checks.ints("selection_mask", block=block, n_selected=n_selected)
+    if importance.dim() < 2 or importance.shape[-2] != n or importance.shape[-1] != math.ceil(n / block):
+        raise ValueError(f"selection_mask: importance must be (..., n, ⌈n / block⌉) = (..., {n}, "
+                         f"{math.ceil(n / block)}), got {tuple(importance.shape)}")
     n_blocks = importance.shape[-1]
     own = torch.arange(n, device=importance.device) // block                         # (n,)
     blocks = torch.arange(n_blocks, device=importance.device)
@@ -97,7 +106,7 @@ def native_sparse_attention(
             selection mask (b, h_kv, n, n).
     Returns: (b, h, n, d_v) [, dict].
     """
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, "native_sparse_attention")
     if q.dim() != 4 or k.shape[-2] != q.shape[-2]:
         raise ValueError(f"native_sparse_attention needs q (b, h, n, d) and k (b, h_kv, n, d), "
                          f"got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -143,7 +152,9 @@ def keys_attended(n: int, *, block: int, n_selected: int, window: int, compress_
     taken every :math:`s` tokens (default :math:`l_c = s =` ``block``, non-overlapping), selected
     :math:`n_{sel}\,l`, window :math:`w + 1`; their sum grows like n / s, against n for full attention.
     """
-    compress_block = compress_block or block
-    compress_stride = compress_stride or compress_block
+    compress_block = block if compress_block is None else compress_block
+    compress_stride = compress_block if compress_stride is None else compress_stride
+    _checks.ints("keys_attended", n=n, n_selected=n_selected, window=window, minimum=0)
+    _checks.ints("keys_attended", block=block, compress_block=compress_block, compress_stride=compress_stride)
     compressed = (n - compress_block) // compress_stride + 1 if n >= compress_block else 0
     return {"compressed": compressed, "selected": n_selected * block, "window": window + 1, "full": n}

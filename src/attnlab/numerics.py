@@ -13,7 +13,12 @@ ULP_FLOOR = 2
 
 
 def max_abs_error(x: torch.Tensor, exact: torch.Tensor) -> float:
-    """max |x - exact|, computed in float64."""
+    """max |x - exact| (broadcast together), computed in float64."""
+    try:
+        torch.broadcast_shapes(x.shape, exact.shape)
+    except RuntimeError:
+        raise ValueError(f"max_abs_error: x and exact must broadcast to one shape, got {tuple(x.shape)} and "
+                         f"{tuple(exact.shape)}") from None
     return (x.double() - exact.double()).abs().max().item() if x.numel() else 0.0
 
 

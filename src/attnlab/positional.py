@@ -14,12 +14,15 @@ import math
 import torch
 from torch import nn
 
+from . import _checks
+
 
 def frequencies(d: int, base: float = 10000.0) -> torch.Tensor:
     r"""The d // 2 angular frequencies :math:`\omega_i = \mathrm{base}^{-2i/d}`, float64.
 
     A geometric progression from 1 down to nearly 1/base: wavelengths 2π to base · 2π.
     """
+    _checks.ints("frequencies", d=d)
     return base ** (-torch.arange(0, d // 2, dtype=torch.float64) * 2 / d)
 
 
@@ -94,6 +97,12 @@ def _rope_angles(n: int, d: int, positions, base: float, device) -> torch.Tensor
     return positions.unsqueeze(-1) * frequencies(d, base).to(device)  # (..., n, d/2)
 
 
+def _check_rope(fn: str, x: torch.Tensor) -> None:
+    _checks.floats(fn, x=x)
+    if x.dim() < 2 or x.shape[-1] % 2:
+        raise ValueError(f"{fn}: x must have shape (..., n, d) with d even, got {tuple(x.shape)}")
+
+
 def apply_rope(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.Tensor:
     r"""Rotary position embedding: rotate each pair (x_{2j}, x_{2j+1}) by the angle p θ_j.
 
@@ -111,8 +120,7 @@ def apply_rope(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.
         positions: (n,) or broadcastable (..., n) positions; default 0..n-1.
     Returns: (..., n, d), same dtype as x.
     """
-    if x.dim() < 2 or x.shape[-1] % 2:
-        raise ValueError(f"x must have shape (..., n, d) with d even, got {tuple(x.shape)}")
+    _check_rope("apply_rope", x)
     n, d = x.shape[-2:]
     angles = _rope_angles(n, d, positions, base, x.device)
     cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
@@ -122,6 +130,7 @@ def apply_rope(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.
 
 def apply_rope_complex(x: torch.Tensor, positions=None, base: float = 10000.0) -> torch.Tensor:
     """The same rotation as :func:`apply_rope`, written as a complex multiplication (reference form)."""
+    _check_rope("apply_rope_complex", x)
     n, d = x.shape[-2:]
     z = torch.view_as_complex(x.double().reshape(*x.shape[:-1], d // 2, 2).contiguous())
     angles = _rope_angles(n, d, positions, base, x.device)
@@ -155,5 +164,6 @@ def alibi_bias(n_heads: int, n: int) -> torch.Tensor:
     j <= i is used, where the bias is :math:`s_h (j - i)`. Far keys are penalised linearly,
     with a different slope per head.
     """
+    _checks.ints("alibi_bias", n=n, minimum=0)
     distance = (torch.arange(n).unsqueeze(-1) - torch.arange(n)).abs()
     return -alibi_slopes(n_heads).view(-1, 1, 1) * distance

@@ -23,6 +23,7 @@ import math
 
 import torch
 
+from . import _checks
 from .attention import _check_shapes, masked_scores, masked_softmax, repeat_kv
 
 INT8_MAX = 127
@@ -58,6 +59,7 @@ def fake_fp4(x: torch.Tensor, group: int = 16) -> torch.Tensor:
     This is the microscaling of SageAttention3 (NVFP4 stores s_G in FP8; here it stays exact).
     Args: x (..., d) with d divisible by ``group``. Returns: the dequantised values, x's shape.
     """
+    _checks.ints("fake_fp4", group=group)
     if x.shape[-1] % group:
         raise ValueError(f"the last axis of x ({x.shape[-1]}) must be divisible by group={group}")
     groups = x.unflatten(-1, (-1, group))
@@ -74,6 +76,8 @@ def smooth_keys(k: torch.Tensor) -> torch.Tensor:
     Every score of a query row moves by the same :math:`q\cdot\bar k`, so the softmax, and the
     attention output, are unchanged. k: (..., m, d) -> (..., m, d).
     """
+    if k.dim() < 2:
+        raise ValueError(f"smooth_keys: k must have shape (..., m, d), got {tuple(k.shape)}")
     return k - k.mean(dim=-2, keepdim=True)
 
 
@@ -110,7 +114,7 @@ def quantized_attention(
         causal: bottom-right aligned causal mask; scale: default 1 / sqrt(d).
     Returns: (b, h, n, d_v).
     """
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, "quantized_attention")
     n_rep = q.shape[-3] // k.shape[-3]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
     if smooth_k:

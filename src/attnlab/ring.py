@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from . import _checks
 from .attention import _check_shapes, repeat_kv
 from .flash import DEFAULT_BLOCK, flash_forward
 
@@ -42,6 +43,10 @@ def merge_partials(
     Args: out_a, out_b (..., n, d_v); lse_a, lse_b (..., n).
     Returns: (merged output (..., n, d_v), merged log-sum-exp (..., n)).
     """
+    for name, out, lse in (("a", out_a, lse_a), ("b", out_b, lse_b)):
+        if out.shape != out_a.shape or lse.shape != out_a.shape[:-1]:
+            raise ValueError(f"merge_partials: out_{name} must be {tuple(out_a.shape)} (..., n, d_v) and lse_{name} "
+                             f"{tuple(out_a.shape[:-1])} (..., n), got {tuple(out.shape)} and {tuple(lse.shape)}")
     empty_a, empty_b = torch.isinf(lse_a), torch.isinf(lse_b)
     a = torch.where(empty_a, torch.full_like(lse_a, float("-inf")), lse_a)
     b = torch.where(empty_b, torch.full_like(lse_b, float("-inf")), lse_b)
@@ -82,15 +87,16 @@ def ring_attention(
         block: tile size of each device's local FlashAttention (default that of :mod:`attnlab.flash`).
     Returns: (b, h, n, d_v).
     """
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, "ring_attention")
     if q.dim() != 4 or k.shape[-2] != q.shape[-2]:
-        raise ValueError(f"ring_attention needs q (b, h, n, d) and k, v (b, h_kv, n, d) with the same n, "
+        raise ValueError(f"ring_attention: needs q (b, h, n, d) and k, v (b, h_kv, n, d) with the same n, "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if not isinstance(n_devices, int) or n_devices < 1:
         raise ValueError(f"n_devices must be a positive int, got {n_devices!r}")
     k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    block = block or DEFAULT_BLOCK
+    block = DEFAULT_BLOCK if block is None else block
+    _checks.ints("ring_attention", block=block)
     q_blocks = torch.tensor_split(q, n_devices, dim=-2)
     kv_blocks = list(zip(torch.tensor_split(k, n_devices, dim=-2), torch.tensor_split(v, n_devices, dim=-2)))
     outputs = []

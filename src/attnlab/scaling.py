@@ -10,9 +10,14 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _checks
+
 
 def kaplan_loss(n_params, n_c: float = 8.8e13, alpha: float = 0.076):
     r"""Kaplan et al.'s loss against non-embedding parameters (data not limiting): :math:`(N_c/N)^{\alpha_N}`."""
+    smallest = torch.as_tensor(n_params).min().item()
+    if not smallest > 0:
+        raise ValueError(f"kaplan_loss: n_params must be positive (a parameter count), got {smallest}")
     return (n_c / n_params) ** alpha
 
 
@@ -36,6 +41,7 @@ class ChinchillaFit:
                   a = \frac{\beta}{\alpha+\beta}, \; b = \frac{\alpha}{\alpha+\beta}, \;
                   G = \Big(\frac{\alpha A}{\beta B}\Big)^{1/(\alpha+\beta)}
         """
+        _checks.at_least("ChinchillaFit.compute_optimal", 1, flops=flops)
         g = (self.alpha * self.A / (self.beta * self.B)) ** (1 / (self.alpha + self.beta))
         a = self.beta / (self.alpha + self.beta)
         n_opt = g * (flops / 6) ** a
@@ -43,6 +49,7 @@ class ChinchillaFit:
 
     def compute_optimal_search(self, flops: float, points: int = 200_001) -> tuple[float, float]:
         """The same optimum by brute force: L along C = 6ND on a fine log grid of N (a check)."""
+        _checks.at_least("ChinchillaFit.compute_optimal_search", 1, flops=flops)
         n = torch.logspace(math.log10(flops / 6) * 0.2, math.log10(flops / 6) * 0.8, points, dtype=torch.float64)
         best = n[torch.argmin(self.loss(n, flops / (6 * n)))].item()
         return best, flops / (6 * best)

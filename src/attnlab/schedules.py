@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+from . import _checks
+
 
 def _check_step(step: int) -> None:
     if step < 1:
@@ -22,6 +24,7 @@ def noam_lr(step: int, d_model: int, warmup: int = 4000) -> float:
     Linear warmup to a peak of :math:`(d\,w)^{-1/2}` at t = w, then decay as t^{-1/2}.
     """
     _check_step(step)
+    _checks.at_least("noam_lr", 1, d_model=d_model, warmup=warmup)
     return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 

@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from . import _checks
 from .attention import _check_shapes
 
 
@@ -27,13 +28,26 @@ def _in_window(offset: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
     return (offset >= 0) & (offset <= window) if causal else offset.abs() <= window
 
 
+def _check_mask(fn: str, mask: torch.Tensor) -> None:
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        raise TypeError(f"{fn}: mask must be a boolean tensor, got {getattr(mask, 'dtype', type(mask).__name__)}")
+    if mask.dim() != 2 or mask.shape[0] != mask.shape[1]:
+        raise ValueError(f"{fn}: mask must have shape (n, n), got {tuple(mask.shape)}")
+
+
 def sliding_window_mask(n: int, window: int, *, causal: bool = False) -> torch.Tensor:
-    """Each query sees the keys within ``window`` positions (only earlier ones if causal)."""
+    """Each query sees the keys within ``window`` positions (only earlier ones if causal).
+
+    Raises ValueError if n or window is negative.
+    """
+    _checks.ints("sliding_window_mask", n=n, window=window, minimum=0)
     return _in_window(_offsets(n), window, causal)
 
 
 def dilated_window_mask(n: int, window: int, dilation: int, *, causal: bool = False) -> torch.Tensor:
     """A window with gaps: keys at offsets 0, ±r, ±2r, ..., ±w·r (Longformer's dilated window)."""
+    _checks.ints("dilated_window_mask", n=n, window=window, minimum=0)
+    _checks.ints("dilated_window_mask", dilation=dilation)
     off = _offsets(n)
     return sliding_window_mask(n, window * dilation, causal=causal) & (off % dilation == 0)
 
@@ -43,6 +57,8 @@ def strided_mask(n: int, stride: int, *, causal: bool = True) -> torch.Tensor:
 
     With stride ≈ √n each row has about 2√n keys, and any key is reachable in two layers.
     """
+    _checks.ints("strided_mask", n=n, minimum=0)
+    _checks.ints("strided_mask", stride=stride)
     off = _offsets(n)
     mask = (off.abs() < stride) | (off % stride == 0)
     return mask & (off >= 0) if causal else mask
@@ -50,6 +66,7 @@ def strided_mask(n: int, stride: int, *, causal: bool = True) -> torch.Tensor:
 
 def global_mask(n: int, global_tokens) -> torch.Tensor:
     """Global tokens attend to every key and every query attends to them (Longformer)."""
+    _checks.ints("global_mask", n=n, minimum=0)
     mask = torch.zeros(n, n, dtype=torch.bool)
     idx = torch.as_tensor(list(global_tokens), dtype=torch.long)
     if idx.numel() and (idx.min() < 0 or idx.max() >= n):
@@ -68,6 +85,7 @@ def longformer_mask(n: int, window: int, global_tokens=(0,), *, causal: bool = F
 def bigbird_mask(n: int, window: int, n_global: int, n_random: int, *, seed: int = 0,
                  causal: bool = False) -> torch.Tensor:
     """BigBird: a window, the first ``n_global`` tokens as global, and ``n_random`` random keys per row."""
+    _checks.ints("bigbird_mask", n_global=n_global, n_random=n_random, minimum=0)
     mask = sliding_window_mask(n, window) | global_mask(n, range(n_global))
     g = torch.Generator().manual_seed(seed)
     scores = torch.rand(n, n, generator=g).masked_fill(mask, -1.0)      # pick among keys not yet allowed
@@ -80,6 +98,8 @@ def bigbird_mask(n: int, window: int, n_global: int, n_random: int, *, seed: int
 
 def block_sparse_mask(n: int, block: int, layout: torch.Tensor) -> torch.Tensor:
     """Expand a (⌈n/block⌉, ⌈n/block⌉) boolean block layout to an (n, n) mask."""
+    _checks.ints("block_sparse_mask", n=n, minimum=0)
+    _checks.ints("block_sparse_mask", block=block)
     blocks = math.ceil(n / block)
     if layout.shape != (blocks, blocks):
         raise ValueError(f"layout must have shape ({blocks}, {blocks}) for n={n}, block={block}; got {tuple(layout.shape)}")
@@ -88,11 +108,13 @@ def block_sparse_mask(n: int, block: int, layout: torch.Tensor) -> torch.Tensor:
 
 def keys_per_row(mask: torch.Tensor) -> torch.Tensor:
     """Number of keys each query may attend to, (n,)."""
+    _check_mask("keys_per_row", mask)
     return mask.sum(-1)
 
 
 def density(mask: torch.Tensor) -> float:
     """Fraction of the n x n pairs allowed."""
+    _check_mask("density", mask)
     return mask.float().mean().item()
 
 
@@ -103,6 +125,8 @@ def reach(mask: torch.Tensor, layers: int) -> list[torch.Tensor]:
     L edges leads from j to i (the boolean L-th power of the mask, with self-loops). Returns
     ``layers`` boolean (n, n) matrices.
     """
+    _check_mask("reach", mask)
+    _checks.ints("reach", layers=layers)
     step = (mask | torch.eye(mask.shape[0], dtype=torch.bool)).float()
     current, out = torch.eye(mask.shape[0]), []
     for _ in range(layers):
@@ -130,13 +154,14 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     Args: q, k: (b, h, n, d); v: (b, h, n, d_v) (self-attention: n = m, same heads).
     Returns: (b, h, n, d_v).
     """
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, "sliding_window_attention")
     if q.dim() != 4 or k.shape[:-1] != q.shape[:-1]:
-        raise ValueError(f"sliding_window_attention needs q and k of the same shape (b, h, n, d), got {tuple(q.shape)} and {tuple(k.shape)}")
-    if window < 0:
-        raise ValueError(f"window must be >= 0, got {window}")
+        raise ValueError(f"sliding_window_attention: needs q and k of the same shape (b, h, n, d), "
+                         f"got {tuple(q.shape)} and {tuple(k.shape)}")
+    _checks.ints("sliding_window_attention", window=window, minimum=0)
+    block = max(window, 64) if block is None else block
+    _checks.ints("sliding_window_attention", block=block)
     n = q.shape[-2]
-    block = block or max(window, 64)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
     for q0 in range(0, n, block):

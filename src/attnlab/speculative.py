@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import torch
 
+from . import _checks
+
 ProbsFn = Callable[[tuple], torch.Tensor]
 
 
@@ -58,11 +60,17 @@ def acceptance_rate(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
     It equals 1 - TV(p, q). p, q: (..., V) -> (...).
     """
+    if p.shape != q.shape:
+        raise ValueError(f"acceptance_rate: p and q must have the same shape (..., V), "
+                         f"got {tuple(p.shape)} and {tuple(q.shape)}")
     return torch.minimum(p, q).sum(-1)
 
 
 def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
     r"""Probability of keeping a drafted token x: :math:`\min(1, p(x) / q(x))` (q(x) > 0 since x was drawn from q)."""
+    if not (q_x > 0).all():
+        raise ValueError(f"accept_probability: q_x must be positive (x was drawn from q, so q(x) > 0), "
+                         f"got {q_x.min().item()}")
     return torch.clamp(p_x / q_x, max=1.0)
 
 
@@ -72,6 +80,8 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     When p = q nothing is ever rejected; p itself is returned so the result is always a distribution.
     p, q: (V,) -> (V,).
     """
+    if p.dim() != 1 or q.shape != p.shape:
+        raise ValueError(f"residual_distribution: p and q must both be (V,), got {tuple(p.shape)} and {tuple(q.shape)}")
     excess = torch.clamp(p - q, min=0.0)
     total = excess.sum()
     return excess / total if total > 0 else p
@@ -106,6 +116,7 @@ def step_distribution(target: ProbsFn, draft: ProbsFn, prefix: tuple, gamma: int
     :math:`1 - \sum_x q(x)\min(1, p(x)/q(x))`) emits y with :func:`residual_distribution`.
     ``target`` and ``draft`` map a prefix to its next-token distribution (V,).
     """
+    _checks.ints("step_distribution", gamma=gamma, minimum=0)
     result: dict[tuple, float] = {}
 
     def walk(emitted: tuple, prob: float, depth: int):
@@ -136,6 +147,8 @@ def output_distribution(target: ProbsFn, draft: ProbsFn, prefix: tuple, gamma: i
     Steps are chained until at least ``length`` tokens are out; longer outputs are cut to
     ``length``. Returns a float64 tensor of shape (V,) * length.
     """
+    _checks.ints("output_distribution", length=length, vocab=vocab)
+    _checks.ints("output_distribution", gamma=gamma, minimum=0)
     table = torch.zeros((vocab,) * length, dtype=torch.float64)
 
     def run(emitted: tuple, prob: float):
@@ -152,6 +165,7 @@ def output_distribution(target: ProbsFn, draft: ProbsFn, prefix: tuple, gamma: i
 def autoregressive_distribution(target: ProbsFn, prefix: tuple, length: int, vocab: int) -> torch.Tensor:
     r"""Exact probability of each continuation when sampling the target token by token:
     :math:`\prod_t p(x_t \mid \text{prefix}, x_{<t})`. Returns (V,) * length, float64."""
+    _checks.ints("autoregressive_distribution", length=length, vocab=vocab)
     table = torch.zeros((vocab,) * length, dtype=torch.float64)
     for tokens in itertools.product(range(vocab), repeat=length):
         prob = 1.0
@@ -168,6 +182,8 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
 
 def next_token_probs(model, *, temperature: float = 1.0) -> ProbsFn:
     """Wrap a model as prefix (tuple of ids) -> next-token distribution (V,), float64, memoised."""
+    if not temperature > 0:
+        raise ValueError(f"next_token_probs: temperature must be positive, got {temperature}")
     cache: dict[tuple, torch.Tensor] = {}
     device = next(model.parameters()).device if isinstance(model, torch.nn.Module) else None
 

@@ -31,6 +31,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from . import _checks
 from .blocks import RMSNorm
 
 DISCRETISATIONS = ("zoh", "euler", "bilinear")
@@ -82,6 +83,7 @@ def ssm_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, length
 
     Args: A_bar, B_bar, C (..., n). Returns K (..., L).
     """
+    _checks.ints("ssm_kernel", length=length, minimum=0)
     powers = A_bar.unsqueeze(-1) ** torch.arange(length, dtype=A_bar.dtype, device=A_bar.device)  # (..., n, L)
     return ((C * B_bar).unsqueeze(-1) * powers).sum(-2)
 
@@ -135,6 +137,7 @@ def s4d_real_init(d: int, n: int, *, dtype=torch.float32) -> torch.Tensor:
     Mamba stores :math:`A_\text{log} = \log(-A)` and uses :math:`A = -\exp(A_\text{log})`, which stays
     negative (stable) whatever the optimiser does. Returns A (d, n).
     """
+    _checks.ints("s4d_real_init", d=d, n=n)
     return -torch.arange(1, n + 1, dtype=dtype).repeat(d, 1)
 
 
@@ -278,10 +281,8 @@ _SCANS = {"sequential": _scan_sequential, "indexed": _scan_indexed, "logspace": 
 def _check_scan(u, delta, A, B, C, D, z, delta_bias, method):
     if method not in SCAN_METHODS:
         raise ValueError(f"method must be one of {SCAN_METHODS}, got {method!r}")
-    for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
-                    ("delta_bias", delta_bias)):
-        if t is not None and not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    tensors = {"u": u, "delta": delta, "A": A, "B": B, "C": C, "D": D, "z": z, "delta_bias": delta_bias}
+    _checks.floats("selective_scan", **tensors)
     if u.dim() != 3 or u.shape[-1] == 0:
         raise ValueError(f"u must be (b, d, L) with L >= 1, got shape {tuple(u.shape)}")
     b, d, length = u.shape
@@ -294,6 +295,9 @@ def _check_scan(u, delta, A, B, C, D, z, delta_bias, method):
         if t is not None and tuple(t.shape) != needed[name]:
             raise ValueError(f"{name} must have shape {needed[name]} (b, d, L, n = {b}, {d}, {length}, {n}), "
                              f"got {tuple(t.shape)}")
+    if (A > 0).any():
+        raise ValueError(f"selective_scan: A must be <= 0 (a stable system, as Mamba's A = -exp(A_log) is); "
+                         f"got max A = {A.max().item():.3g}, which makes the state grow without bound")
 
 
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -325,10 +329,13 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
       overflows on strongly decaying input (a lesson, not a method to use).
 
     Args:
-        u, delta, z: (b, d, L). A: (d, n), real, negative for a stable system.
+        u, delta, z: (b, d, L). A: (d, n), real, <= 0 (a stable system; Mamba's A = -exp(A_log)).
         B, C: (b, n, L), shared by the d channels. D, delta_bias: (d,).
         return_last_state: also return :math:`h_{L-1}`, (b, d, n).
     Returns: out (b, d, L), and the last state if asked for.
+    Raises: TypeError for non-tensors or integer tensors; ValueError, naming the
+    argument, for a wrong shape, an A with a positive entry or a negative step Δ (the state
+    would grow without bound and overflow to inf and NaN, in every method).
     """
     _check_scan(u, delta, A, B, C, D, z, delta_bias, method)
     chunk = _chunk_size(u.shape[-1], chunk)
@@ -336,6 +343,9 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
         delta = delta + delta_bias.unsqueeze(-1)
     if delta_softplus:
         delta = F.softplus(delta)
+    if (delta < 0).any():
+        raise ValueError(f"selective_scan: delta must be >= 0 (a step size, after delta_bias and any softplus), "
+                         f"got min {delta.min().item():.3g}; pass delta_softplus=True for raw values")
     if method == "chunked":
         y, last = _ChunkedSelectiveScan.apply(u, delta, A, B, C, chunk)
     else:
@@ -496,6 +506,8 @@ class MambaLM(nn.Module):
         self.head = nn.Linear(config.d_model, vocab, bias=False)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
+            raise ValueError(f"MambaLM: tokens must be integer ids (b, L), got {tuple(tokens.shape)} {tokens.dtype}")
         x = self.embed(tokens)
         for norm, mixer in zip(self.norms, self.mixers):
             x = x + mixer(norm(x))

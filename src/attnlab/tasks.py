@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _checks
+
 
 @dataclass
 class RegressionPrompts:
@@ -23,6 +25,7 @@ class RegressionPrompts:
 def in_context_regression(batch: int, n_context: int, d: int, *, noise: float = 0.0, seed: int = 0,
                           dtype: torch.dtype = torch.float64) -> RegressionPrompts:
     """Prompts of N (x, y) pairs from a random linear map w ~ N(0, I), x ~ N(0, I), plus a query."""
+    _checks.ints("in_context_regression", batch=batch, n_context=n_context, d=d)
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(batch, d, generator=g, dtype=dtype)
     x = torch.randn(batch, n_context + 1, d, generator=g, dtype=dtype)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import _checks
 from .bench import loglog_slope, peak_memory_bytes, time_fn
 
 IMPORTS = """
@@ -46,6 +47,7 @@ class Form:
 
 def forms(window: int = 64) -> list[Form]:
     """The five forms of the chapter 09 benchmark, a sliding window of radius ``window``."""
+    _checks.ints("forms", window=window, minimum=0)
     return [
         Form("naive", "scaled_dot_product_attention(q, k, v)", True, "O(n²d) time, O(n²) memory"),
         Form("SDPA", "F.scaled_dot_product_attention(q, k, v)", True, "O(n²d) time, fused kernel"),
@@ -63,17 +65,22 @@ def _namespace() -> dict:
 
 def make_inputs(n: int, *, heads: int = 4, d: int = 64, seed: int = 0, dtype=torch.float32):
     """q, k, v of shape (1, heads, n, d), i.i.d. standard normal from ``seed``."""
+    _checks.ints("make_inputs", n=n, heads=heads, d=d)
     g = torch.Generator().manual_seed(seed)
     return tuple(torch.randn(1, heads, n, d, generator=g, dtype=dtype) for _ in range(3))
 
 
 def score_matrix_bytes(n: int, *, heads: int = 4, batch: int = 1, bytes_per_element: int = 4) -> int:
     """Bytes of the (b, h, n, n) score matrix the naive form materialises."""
+    _checks.at_least("score_matrix_bytes", 0, n=n, heads=heads, batch=batch, bytes_per_element=bytes_per_element)
     return batch * heads * n * n * bytes_per_element
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """‖out − ref‖_F / ‖ref‖_F."""
+    if out.shape != ref.shape:
+        raise ValueError(f"relative_error: out and ref must have the same shape, "
+                         f"got {tuple(out.shape)} and {tuple(ref.shape)}")
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
@@ -122,7 +129,10 @@ def measure(lengths: Sequence[int], *, window: int = 64, heads: int = 4, d: int 
 
 
 def growth_exponents(rows: Sequence[dict], *, key: str = "ms", min_n: int = 1024) -> dict[str, float]:
-    """Per form, the log-log slope of ``key`` against n over lengths ≥ ``min_n`` (≈2 quadratic, ≈1 linear)."""
+    """Per form, the log-log slope of ``key`` against n over lengths ≥ ``min_n`` (≈2 quadratic, ≈1 linear).
+
+    A form measured at fewer than two such lengths has no slope and is left out.
+    """
     slopes = {}
     for name in dict.fromkeys(r["form"] for r in rows):
         points = [(r["n"], r[key]) for r in rows if r["form"] == name and key in r and r["n"] >= min_n]
@@ -136,6 +146,9 @@ def crossover_length(lengths: Sequence[int], slow: Sequence[float], fast: Sequen
 
     None if it never does over the range; lengths[0] if it already is at the start.
     """
+    if not 0 < len(lengths) == len(slow) == len(fast):
+        raise ValueError(f"crossover_length: lengths, slow and fast must be non-empty and of one length, "
+                         f"got {len(lengths)}, {len(slow)}, {len(fast)}")
     ratios = [math.log(f / s) for s, f in zip(slow, fast)]
     if ratios[0] < 0:
         return float(lengths[0])

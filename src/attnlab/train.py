@@ -24,6 +24,9 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 def next_token_loss(model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Cross-entropy of logits ``model(inputs)`` (b, L, V) against ``targets`` (b, L); -100 is ignored."""
     logits = model(inputs)
+    if targets.shape != logits.shape[:-1]:
+        raise ValueError(f"next_token_loss: targets must have shape {tuple(logits.shape[:-1])} (the logits' "
+                         f"(b, L)), got {tuple(targets.shape)}")
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
 
 
