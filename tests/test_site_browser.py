@@ -201,7 +201,7 @@ def test_internal_links_resolve():
             if tag == "a" and attrs.get("href"):
                 self.hrefs.append(attrs["href"])
 
-    config = (SITE.parents[1] / "_config.yml").read_text()
+    config = (Path(__file__).resolve().parents[1] / "_config.yml").read_text()
     base = re.search(r"^\s+baseurl:\s*(\S+)", config, re.M).group(1)
     parsed = {}
 
