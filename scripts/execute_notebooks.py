@@ -43,6 +43,19 @@ def sanitizers(path: Path = ROOT / "tests" / "nbval_sanitize.cfg") -> list[tuple
     return [(re.compile(parser[s]["regex"]), parser[s]["replace"]) for s in parser.sections()]
 
 
+def merged(outputs: list[dict]) -> list[dict]:
+    """Consecutive stream outputs of one stream joined into one, as nbval does: a print may
+    reach the kernel's output in several pieces, how many depends on timing."""
+    result = []
+    for out in outputs:
+        if (out["output_type"] == "stream" and result and result[-1]["output_type"] == "stream"
+                and result[-1]["name"] == out["name"]):
+            result[-1] = {**result[-1], "text": "".join(result[-1]["text"]) + "".join(out["text"])}
+        else:
+            result.append(dict(out))
+    return result
+
+
 def comparable(outputs: list[dict], rules) -> list:
     """The parts of a cell's outputs that nbval compares, sanitised."""
     def clean(text: str) -> str:
@@ -51,7 +64,7 @@ def comparable(outputs: list[dict], rules) -> list:
         return text
 
     result = []
-    for out in outputs:
+    for out in merged(outputs):
         kind = out["output_type"]
         if kind == "stream":
             result.append((kind, out["name"], clean("".join(out["text"]))))
@@ -108,7 +121,7 @@ def record(path: str, fresh: dict) -> None:
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     for old, new in zip(nb["cells"], fresh["cells"]):
         if old["cell_type"] == "code" and CHECK in old["metadata"].get("tags", []):
-            old["outputs"] = [dict(o) for o in new.get("outputs", [])]
+            old["outputs"] = merged(new.get("outputs", []))
             old["execution_count"] = new.get("execution_count")
     Path(path).write_text(json.dumps(nb, indent=1, sort_keys=True, ensure_ascii=False) + "\n",
                           encoding="utf-8")

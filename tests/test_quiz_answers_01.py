@@ -72,3 +72,49 @@ def test_01_attention_lstm_crossover():
 
     (equal,) = [n for n in range(1, 4 * d) if attention(n) == n * lstm_step]
     accepts("01-attention-lstm-crossover", equal)
+
+
+def test_01_kernel_regression_temperature():
+    from attnlab.attention import masked_softmax
+    x = torch.tensor(1.3, dtype=torch.float64)                      # a query point
+    x_j = torch.linspace(0, 5, 7, dtype=torch.float64)              # the sample positions
+    sigma = 0.5
+    kernel = torch.exp(-(x - x_j) ** 2 / (2 * sigma**2))
+    nadaraya_watson = kernel / kernel.sum()
+    s = x * x_j - x_j**2 / 2                                        # the unit-temperature score
+    beta = ((nadaraya_watson[0] / nadaraya_watson[1]).log() / (s[0] - s[1])).item()
+    assert torch.allclose(masked_softmax(beta * s), nadaraya_watson)
+    accepts("01-kernel-regression-temperature", beta)
+
+
+def test_01_tie_average():
+    from attnlab.attention import scaled_dot_product_attention
+    k = torch.tensor([2.0, 5.0, 5.0, 1.0], dtype=torch.float64).view(1, 1, 4, 1)   # q·k = s
+    v = torch.tensor([10.0, 20.0, 40.0, 0.0], dtype=torch.float64).view(1, 1, 4, 1)
+    q = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    out = scaled_dot_product_attention(q, k, v, scale=1e4)         # β = 10⁴: the limit
+    accepts("01-tie-average", out.item())
+
+
+def test_01_padding_mask_shape():
+    import pytest
+    from attnlab.attention import scaled_dot_product_attention
+    b, h, m, d = 4, 8, 12, 16
+    q = k = v = torch.randn(b, h, m, d)
+    lengths = torch.tensor([12, 9, 5, 1])
+    keep = torch.arange(m) < lengths[:, None]                      # (b, m)
+    mask = keep[:, None, None, :]
+    _, weights = scaled_dot_product_attention(q, k, v, mask, return_weights=True)
+    assert weights.shape == (b, h, m, m)
+    assert torch.all(weights.masked_select(~mask.expand_as(weights)) == 0)
+    with pytest.raises(ValueError):                                # (b, m) does not broadcast
+        scaled_dot_product_attention(q, k, v, keep)
+    assert correct_option("01-padding-mask-shape").startswith(f"{tuple(mask.shape)}:")
+
+
+def test_01_gqa_head_mapping():
+    from attnlab.attention import repeat_kv
+    h, h_kv = 8, 2
+    kv_heads = torch.arange(h_kv).view(h_kv, 1, 1)                 # each kv head holds its index
+    repeated = repeat_kv(kv_heads, h // h_kv)                      # as attention uses them
+    accepts("01-gqa-head-mapping", int(repeated[5].item()))

@@ -128,8 +128,11 @@ def masked_softmax(scores: torch.Tensor) -> torch.Tensor:
     .. math:: a_j = \frac{e^{s_j - \max_i s_i}}{\sum_i e^{s_i - \max_i s_i}}
 
     Subtracting the row maximum (done inside ``torch.softmax``) keeps the exponentials
-    finite. A row whose scores are all -inf has no maximum to subtract; it returns zeros,
-    so the output of a fully masked query is the zero vector.
+    finite. A row whose scores are all -inf has no finite maximum to subtract, and a plain
+    softmax would return NaN for it. Such a row's scores are set to 0 before ``torch.softmax``
+    (which then returns a uniform row there) and its weights are set to 0 afterwards, so the
+    output of a fully masked query is the zero vector. Rows with at least one allowed key are
+    untouched.
     """
     blocked = torch.isneginf(scores).all(dim=-1, keepdim=True)
     weights = torch.softmax(scores.masked_fill(blocked, 0.0), dim=-1)
@@ -160,8 +163,11 @@ def scaled_dot_product_attention(
         causal: also apply the bottom-right aligned causal mask (query i sees keys
             j <= i + m - n).
         scale: multiplies the scores; default 1 / sqrt(d).
-        dropout_p: dropout on the weights before they multiply V (training only). The
-            weights *returned* are the pre-dropout ones, so their rows still sum to 1.
+        dropout_p: probability of zeroing each weight before the weights multiply V; the
+            kept weights are divided by 1 - dropout_p. Applied on every call with
+            dropout_p > 0, in training and evaluation alike: pass 0 for evaluation
+            (:class:`MultiHeadAttention` does so when it is not training). The weights
+            *returned* are the pre-dropout ones, so their rows still sum to 1.
         return_weights: also return the (b, h, n, m) attention weights.
 
     Returns:
@@ -202,7 +208,8 @@ def softmax_jacobian(weights: torch.Tensor) -> torch.Tensor:
 
     .. math:: \frac{\partial a_i}{\partial s_j} = a_i(\delta_{ij} - a_j), \quad J = \mathrm{diag}(a) - a a^\top
 
-    It vanishes both for a uniform row (small entries) and for a one-hot row.
+    Its spectral norm is 1/m for a uniform row over m keys, where J = (I - 1 1^T / m) / m, and
+    tends to 0 as the row approaches one-hot; it is largest in between.
     """
     return torch.diag_embed(weights) - weights.unsqueeze(-1) * weights.unsqueeze(-2)
 
