@@ -33,3 +33,37 @@ def test_time_fn_and_table():
 def test_peak_memory_sees_a_large_allocation():
     added = peak_memory_bytes("import torch", "x = torch.ones(64 * 2**20 // 4); x += 1")
     assert 50 * 2**20 < added < 200 * 2**20
+
+
+def test_threads_sets_and_restores_the_count_even_on_error():
+    import pytest
+    import torch
+
+    from attnlab.bench import threads
+
+    before = torch.get_num_threads()
+    with threads(2) as n:
+        assert n == 2 and torch.get_num_threads() == 2
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="inside"):
+        with threads(3):
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before
+    for bad in (0, -1, 1.5):
+        with pytest.raises(ValueError, match="threads: n must be an integer >= 1"):
+            with threads(bad):
+                pass
+
+
+def test_count_ops_counts_calls_and_elements_exactly():
+    import torch
+
+    from attnlab.bench import count_ops
+
+    a, b = torch.ones(3, 4), torch.ones(4, 5)
+    assert count_ops(lambda: a @ b) == {"calls": 1, "elements": 15}
+    assert count_ops(lambda: [a + 1 for _ in range(7)]) == {"calls": 7, "elements": 84}
+    x = torch.ones(8, requires_grad=True)
+    loop = count_ops(lambda: sum(x[i] * 2 for i in range(8)).backward())
+    vector = count_ops(lambda: (x * 2).sum().backward())
+    assert loop["calls"] > 4 * vector["calls"]  # a Python loop makes O(L) calls

@@ -1,7 +1,10 @@
-"""Timing and peak-memory helpers shared by the notebooks and ``benchmarks/``.
+"""Timing, counting and peak-memory helpers shared by the notebooks and ``benchmarks/``.
 
-Speed claims in the book are ratios measured in one run (ours against a reference), never
-absolute timings asserted in tests: the machine, its load and its BLAS all change the seconds.
+The machine, its load, its BLAS and the thread count all change the seconds, so the book
+asserts no measured time, ratio of times or exponent fitted to times. A claim about growth or
+speed-up is asserted on counts (FLOPs from ``torch.utils.flop_counter.FlopCounterMode``,
+operator calls and elements from :func:`count_ops`, bytes) or on shipped precomputed results,
+and the live timing is shown beside it, taken inside :func:`threads` so that it is comparable.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 # glibc raises its mmap threshold after the first large free, so later large blocks come
 # from the heap and ru_maxrss over-reports a loop that allocates and frees big tensors.
@@ -26,6 +30,31 @@ def _sync() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+@contextmanager
+def threads(n: int) -> Iterator[int]:
+    """Run the ``with`` body with torch's intra-op thread count set to ``n``, then restore it.
+
+    Timings, and the growth exponents fitted to them, depend on the thread count: a
+    multi-threaded kernel has a fixed start-up cost that flattens the small sizes, and how
+    much it speeds up the large ones depends on the cores and what else runs on them. One
+    thread makes timings comparable across machines; notebooks print the count beside
+    every table of times.
+
+    >>> with threads(1):
+    ...     pass
+    """
+    import torch
+
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"threads: n must be an integer >= 1, got {n!r}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        torch.set_num_threads(before)
 
 
 def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5) -> float:
@@ -42,6 +71,37 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 1, repeats: int = 5) -> f
         _sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def count_ops(fn: Callable[[], object]) -> dict[str, int]:
+    """Run ``fn()`` once and count what it asks of PyTorch: operator calls and elements written.
+
+    Returns ``{"calls": ..., "elements": ...}``: the number of ATen operator calls made while
+    ``fn`` runs (its backward pass included, if ``fn`` calls ``backward()``), and the total
+    number of elements in the tensors those calls return. Unlike a time, both are exact and
+    the same on every machine and thread count (for one PyTorch version), so a claim about how
+    a form's cost grows can be asserted on them: a Python loop over L steps makes O(L) calls,
+    and a backward pass that builds L full-size gradients writes O(L²) elements. Elements of
+    views are counted too, so read ``elements`` as an upper bound on what is written.
+    For FLOPs use ``torch.utils.flop_counter.FlopCounterMode``.
+    """
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode  # what FlopCounterMode builds on
+    from torch.utils._pytree import tree_flatten
+
+    counts = {"calls": 0, "elements": 0}
+
+    class _Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            counts["calls"] += 1
+            counts["elements"] += sum(t.numel() for t in tree_flatten(out)[0]
+                                      if isinstance(t, torch.Tensor))
+            return out
+
+    with _Counter():
+        fn()
+    return counts
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
