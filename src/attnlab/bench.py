@@ -79,7 +79,7 @@ def count_ops(fn: Callable[[], object]) -> dict[str, int]:
     Returns ``{"calls": ..., "elements": ...}``: the number of ATen operator calls made while
     ``fn`` runs (its backward pass included, if ``fn`` calls ``backward()``), and the total
     number of elements in the tensors those calls return. Unlike a time, both are exact and
-    the same on every machine and thread count (for one PyTorch version), so a claim about how
+    the same on every machine and thread count (for one PyTorch version and device), so a claim about how
     a form's cost grows can be asserted on them: a Python loop over L steps makes O(L) calls,
     and a backward pass that builds L full-size gradients writes O(L²) elements. Elements of
     views are counted too, so read ``elements`` as an upper bound on what is written.
