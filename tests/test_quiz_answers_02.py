@@ -38,3 +38,32 @@ def test_02_first_dims_near_identical():
     assert (omega > 0.89).all()                                 # within about 10% of 1
     text = correct_option("02-first-dims-near-identical")
     assert f"from {periods[0]:.2f} to {periods[-1]:.1f} positions" in text
+
+
+def test_02_rope_common_shift():
+    from attnlab.positional import apply_rope
+    q = k = torch.tensor([[1.0, 0.0]], dtype=torch.float64)          # d = 2: one plane, θ_0 = 1
+    score = lambda i, j: (apply_rope(q, [i]) @ apply_rope(k, [j]).T).item()
+    assert abs(score(105, 102) - score(3, 0)) < 1e-12
+    accepts("02-rope-common-shift", score(105, 102))
+
+
+def test_02_alibi_bias_value():
+    from attnlab.positional import alibi_bias, alibi_slopes
+    assert alibi_slopes(4).tolist() == [1 / 4, 1 / 16, 1 / 64, 1 / 256]
+    accepts("02-alibi-bias-value", alibi_bias(4, 11)[1, 10, 4].item())
+
+
+def test_02_rope_slow_planes():
+    from attnlab.positional import frequencies
+    wavelengths = 2 * math.pi / frequencies(16)
+    accepts("02-rope-slow-planes", int((wavelengths > 32).sum()))
+
+
+def test_02_trained_best_at_4x():
+    from attnlab.experiments import positions
+    summary = positions.summarise(positions.load_sweep()["points"])
+    best = max(summary, key=lambda row: row["128"]["mean"])["scheme"]
+    names = {"none": "No positional encoding", "sinusoidal": "The sinusoidal", "learned": "The learned",
+             "rope": "RoPE", "alibi": "ALiBi"}
+    assert correct_option("02-trained-best-at-4x").startswith(names[best])
