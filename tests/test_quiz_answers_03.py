@@ -18,11 +18,38 @@ def test_03_block_gflops_n512_d768():
     accepts("03-block-gflops-n512-d768", counted / 1e9)
 
 
+def test_03_block_parameters_d256():
+    from attnlab.blocks import TransformerBlock, count_parameters
+    with torch.device("meta"):
+        block = TransformerBlock(256, 8)
+    accepts("03-block-parameters-d256", count_parameters(block))
+
+
+def test_03_attention_flops_crossover():
+    from attnlab.blocks import block_flops
+    d = 1024
+
+    def quadratic_minus_linear(n):
+        parts = block_flops(n, d)
+        quadratic = parts["QKᵀ"] + parts["AV"]
+        return quadratic - (parts["total"] - quadratic)
+
+    (n,) = [n for n in range(1, 20_000) if quadratic_minus_linear(n) == 0]
+    accepts("03-attention-flops-crossover", n)
+
+
 def test_03_noam_peak_lr():
     from attnlab.schedules import noam_lr
     peak = max(noam_lr(t, 512, 4000) for t in range(1, 20_001))
     assert peak == noam_lr(4000, 512, 4000)
     accepts("03-noam-peak-lr", peak)
+
+
+def test_03_fp16_count_limit():
+    i = torch.arange(1, 5000, dtype=torch.float64)
+    rounded = (1 / i).to(torch.float16)
+    first = int(i[:-1][rounded[:-1] == rounded[1:]][0])
+    accepts("03-fp16-count-limit", first)
 
 
 def test_03_chinchilla_tokens_per_parameter():
@@ -37,3 +64,8 @@ def test_03_kaplan_doubling_factor():
     from attnlab.scaling import kaplan_loss
     factor = float(kaplan_loss(2e9) / kaplan_loss(1e9))
     assert correct_option("03-kaplan-doubling-factor").startswith(f"{factor:.3f} ")
+
+
+def test_03_llama_tokens_per_parameter():
+    n_params, n_tokens = 6.7e9, 1.0e12                          # quoted from Touvron et al. 2023
+    accepts("03-llama-tokens-per-parameter", n_tokens / n_params)

@@ -34,12 +34,20 @@ def relu_feature(x: torch.Tensor) -> torch.Tensor:
 
 
 def orthogonal_gaussian(m: int, d: int, *, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
-    """(m, d) random features: blocks of orthogonal rows, each rescaled to a chi(d)-distributed norm."""
+    """(m, d) random features: blocks of orthogonal rows, each rescaled to a chi(d)-distributed norm.
+
+    Each block is Q from the QR decomposition G = QR of a Gaussian (d, d) matrix, with Q's
+    columns multiplied by sign(diag R). Without that sign fix, Q's signs follow the QR routine's
+    fixed sign convention for R (ω[0, 0] < 0 on every seed), the directions are not uniform on
+    the sphere, and the FAVOR+ estimate of exp(q·k/√d) is biased. With it, Q is Haar-distributed
+    (Mezzadri 2007) and each row of ω is marginally N(0, I_d): E[φ(q)·φ(k)] = exp(q·k/√d).
+    """
     _checks.ints("orthogonal_gaussian", m=m, d=d)
     g = torch.Generator().manual_seed(seed)
     blocks = []
     for _ in range(math.ceil(m / d)):
-        qmat, _ = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+        qmat, rmat = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))
+        qmat = qmat * torch.sign(torch.diagonal(rmat))  # Haar, not biased by QR's convention
         blocks.append(qmat.T)
     omega = torch.cat(blocks)[:m]
     norms = torch.randn(m, d, generator=g, dtype=torch.float64).norm(dim=-1, keepdim=True)
