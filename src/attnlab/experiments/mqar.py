@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..bench import format_table
+from . import _sweep
 from ..hybrid import HybridConfig, HybridLM, LayerSpec
 from ..tasks import mqar
 from ..train import train
@@ -90,6 +88,7 @@ def recall_accuracy(model: HybridLM, inputs: torch.Tensor, targets: torch.Tensor
 def run_point(point: PointConfig, *, progress: bool = False, return_model: bool = False):
     """Train one model on MQAR and return what the sweep records (a JSON-ready dict), and the
     trained model if ``return_model``."""
+    _keep_freed_memory()
     torch.manual_seed(point.seed)
     model = build_model(point)
     task = dict(n_pairs=point.n_pairs, n_keys=point.n_keys, n_values=point.n_values)
@@ -135,54 +134,24 @@ def _keep_freed_memory() -> None:
     libc.mallopt(-1, 1 << 30)     # M_TRIM_THRESHOLD
 
 
-def _run_one(point: PointConfig) -> dict:
-    torch.set_num_threads(1)
-    _keep_freed_memory()
-    return run_point(point)
+def _key(r) -> tuple:
+    return (r["architecture"], r["d_model"]) if isinstance(r, dict) else (r.architecture, r.d_model)
 
 
 def run_sweep(points: list[PointConfig], out: Path | None = None, *, jobs: int = 1, resume: bool = False,
               progress: bool = True, command: str = "") -> dict:
     """Run every point (``jobs`` processes of one thread each), writing ``out`` after each one."""
-    results = []
-    if resume and out is not None and out.exists():
-        results = json.loads(out.read_text())["points"]
-    done = {(r["architecture"], r["d_model"]) for r in results}
-    todo = [p for p in points if (p.architecture, p.d_model) not in done]
-    todo.sort(key=lambda p: (-p.d_model, p.architecture not in ("mamba", "hybrid")))   # longest first
-    header = {"command": command, "seed": points[0].seed if points else 0, "torch": torch.__version__,
-              "machine": f"{platform.machine()}, {os.cpu_count()} cpus", "python": platform.python_version(),
-              "date": time.strftime("%Y-%m-%d")}
-
-    def save():
-        if out is not None:
-            arch_order = list(ARCHITECTURES)
-            results.sort(key=lambda r: (arch_order.index(r["architecture"]), r["d_model"]))
-            out.write_text(json.dumps({**header, "points": results}, indent=1) + "\n")
-
-    def finished():
-        """Each point's result as soon as it is done, from one process or ``jobs``."""
-        if jobs == 1:
-            _keep_freed_memory()
-            yield from map(run_point, todo)
-            return
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(jobs) as pool:
-            yield from (future.result() for future in as_completed([pool.submit(_run_one, p) for p in todo]))
-
-    from tqdm.auto import tqdm
-
-    for result in tqdm(finished(), total=len(todo), desc="MQAR sweep", disable=not progress):
-        results.append(result)
-        save()
-    save()
-    return {**header, "points": results}
+    head = _sweep.header(command, seed=points[0].seed if points else 0)
+    arch_order = list(ARCHITECTURES)
+    return _sweep.run_points(points, run_point, key=_key, head=head, out=out, resume=resume, jobs=jobs,
+                             order=lambda p: (-p.d_model, p.architecture not in ("mamba", "hybrid")),
+                             sort=lambda r: (arch_order.index(r["architecture"]), r["d_model"]),
+                             indent=1, progress=progress, desc="MQAR sweep")
 
 
 def load_sweep(name: str = DATA_FILE) -> dict:
     """A precomputed sweep shipped in ``attnlab/data/`` (its header records the command that wrote it)."""
-    return json.loads(resources.files("attnlab").joinpath("data", name).read_text())
+    return _sweep.load_data(name)
 
 
 def summary(points: list[dict]) -> str:

@@ -25,9 +25,6 @@ The full sweep writes ``attnlab/data/positions_sweep.json`` after every run, and
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..bench import format_table
+from . import _sweep
 from ..position_models import SCHEMES, PositionConfig, PositionLM
 from ..train import train
 
@@ -184,50 +182,19 @@ def _key(r) -> tuple:
     return (r["scheme"], r["lr"], r["seed"]) if isinstance(r, dict) else (r.scheme, r.lr, r.seed)
 
 
-def _run_one(point: PointConfig) -> dict:
-    torch.set_num_threads(1)
-    return run_point(point)
-
-
 def run_sweep(points: list[PointConfig], out: Path | None = None, *, jobs: int = 1, resume: bool = False,
               progress: bool = True, command: str = "") -> dict:
     """Run every point (``jobs`` processes of one thread each), writing ``out`` after each one."""
-    results = []
-    if resume and out is not None and out.exists():
-        results = json.loads(out.read_text())["points"]
-    done = {_key(r) for r in results}
-    todo = [p for p in points if _key(p) not in done]
-    header = {"command": command, "seeds": sorted({p.seed for p in points}),
-              "learning_rates": sorted({p.lr for p in points}), "torch": torch.__version__,
-              "machine": f"{platform.machine()}, {os.cpu_count()} cpus", "python": platform.python_version(),
-              "date": time.strftime("%Y-%m-%d")}
-
-    def save():
-        if out is not None:
-            results.sort(key=lambda r: (SCHEMES.index(r["scheme"]), r["lr"], r["seed"]))
-            out.write_text(json.dumps({**header, "points": results}, indent=1) + "\n")
-
-    def finished():
-        if jobs == 1:
-            yield from map(run_point, todo)
-            return
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(jobs) as pool:
-            yield from (future.result() for future in as_completed([pool.submit(_run_one, p) for p in todo]))
-
-    from tqdm.auto import tqdm
-
-    for result in tqdm(finished(), total=len(todo), desc="positions sweep", disable=not progress):
-        results.append(result)
-        save()
-    save()
-    return {**header, "points": results}
+    head = _sweep.header(command, seeds=sorted({p.seed for p in points}),
+                         learning_rates=sorted({p.lr for p in points}))
+    return _sweep.run_points(points, run_point, key=_key, head=head, out=out, resume=resume, jobs=jobs,
+                             sort=lambda r: (SCHEMES.index(r["scheme"]), r["lr"], r["seed"]),
+                             indent=1, progress=progress, desc="positions sweep")
 
 
 def load_sweep(name: str = DATA_FILE) -> dict:
     """The precomputed sweep shipped in ``attnlab/data/`` (its header records the command that wrote it)."""
-    return json.loads(resources.files("attnlab").joinpath("data", name).read_text())
+    return _sweep.load_data(name)
 
 
 def best_learning_rates(points: list[dict]) -> dict[str, float]:

@@ -15,10 +15,7 @@ Writes ``attnlab/data/scaling_sweep.json`` after every point; ``--resume`` keeps
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..bench import format_table
+from . import _sweep
 from ..models import GPTConfig, MicroGPT
 from ..train import next_token_loss, train
 from .prepost import _mean_sd, splits, windows
@@ -103,49 +101,17 @@ def _key(r) -> tuple:
     return (r.d_model, r.lr, r.seed) if isinstance(r, PointConfig) else (r["d_model"], r["lr"], r["seed"])
 
 
-def _run_one(point: PointConfig) -> dict:
-    torch.set_num_threads(1)
-    return run_point(point)
-
-
 def run_sweep(points: list[PointConfig], out: Path | None = None, *, jobs: int = 1, resume: bool = False,
               progress: bool = True, command: str = "") -> dict:
     """Run every point (``jobs`` processes of one thread each), writing ``out`` after each one."""
-    results = []
-    if resume and out is not None and out.exists():
-        results = json.loads(out.read_text())["points"]
-    done = {_key(r) for r in results}
-    todo = sorted((p for p in points if _key(p) not in done), key=lambda p: -p.d_model)
-    header = {"command": command, "seeds": sorted({p.seed for p in points}), "torch": torch.__version__,
-              "machine": f"{platform.machine()}, {os.cpu_count()} cpus", "python": platform.python_version(),
-              "date": time.strftime("%Y-%m-%d")}
-
-    def save():
-        if out is not None:
-            results.sort(key=_key)
-            out.write_text(json.dumps({**header, "points": results}, separators=(",", ":")) + "\n")
-
-    def finished():
-        if jobs == 1:
-            yield from map(run_point, todo)
-            return
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        with ProcessPoolExecutor(jobs) as pool:
-            yield from (f.result() for f in as_completed([pool.submit(_run_one, p) for p in todo]))
-
-    from tqdm.auto import tqdm
-
-    for result in tqdm(finished(), total=len(todo), desc="scaling sweep", disable=not progress):
-        results.append(result)
-        save()
-    save()
-    return {**header, "points": results}
+    head = _sweep.header(command, seeds=sorted({p.seed for p in points}))
+    return _sweep.run_points(points, run_point, key=_key, head=head, out=out, resume=resume, jobs=jobs,
+                             order=lambda p: -p.d_model, progress=progress, desc="scaling sweep")
 
 
 def load_sweep(name: str = DATA_FILE) -> dict:
     """The precomputed sweep shipped in ``attnlab/data/``."""
-    return json.loads(resources.files("attnlab").joinpath("data", name).read_text())
+    return _sweep.load_data(name)
 
 
 def summarise(points: list[dict]) -> list[dict]:
