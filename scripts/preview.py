@@ -60,7 +60,7 @@ def photograph(page_path: Path, shots: Path, widths, modes, find) -> list[Path]:
                 total = page.evaluate("document.documentElement.scrollHeight")
                 if find:
                     tops = page.evaluate("t => [...document.querySelectorAll('article *')]"
-                                         ".filter(e => e.children.length === 0 && e.textContent.includes(t))"
+                                         ".filter(e => [...e.childNodes].some(n => n.nodeType === 3 && n.textContent.includes(t)))"
                                          ".map(e => e.getBoundingClientRect().top + window.scrollY)", find)
                     starts = sorted({max(int(t) - 100, 0) for t in tops})
                 else:
