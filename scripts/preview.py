@@ -29,7 +29,8 @@ def build(notebook: Path, out: Path, execute: bool) -> Path:
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "book", src / "book")
     (src / "_toc.yml").write_text(f"format: jb-book\nroot: book/intro\nchapters:\n"
-                                  f"  - file: notebooks/{notebook.stem}\n  - file: book/errata\n")
+                                  f"  - file: notebooks/{notebook.stem}\n  - file: book/errata\n"
+                                  f"  - file: book/progress\n")
     if execute:
         subprocess.run([sys.executable, str(ROOT / "scripts/execute_notebooks.py"), "--jobs", "1",
                         "--out", str(out / "executed"), str(notebook)], check=True,

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.browser
 SITE = Path(__file__).resolve().parents[1] / "_build" / "html"
 CHROMIUM = "/usr/bin/chromium"
 CHAPTERS = sorted(p.relative_to(SITE).as_posix() for p in (SITE / "notebooks").glob("*.html"))
-PAGES = ["book/intro.html", "book/how_to_use.html", "book/notation.html", "book/errata.html",
+PAGES = ["book/intro.html", "book/how_to_use.html", "book/notation.html", "book/progress.html",
+         "book/errata.html",
          "book/references.html", *CHAPTERS]
 # Console messages allowed, each with the reason. Keep this empty unless a message is
 # harmless and cannot be removed at its source.
@@ -179,6 +180,62 @@ def test_every_quiz_question_is_answerable(browser, base_url, path):
     assert tally["answered right"] == len(bank)
     assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
     page.close()
+
+
+@pytest.mark.parametrize("scheme", ["http", "file"])
+def test_quiz_answers_are_kept_and_counted(browser, base_url, scheme):
+    """In one browser profile: answer a choice question right and another wrong, and a numeric
+    one; reload: the three answers are shown again and not counted twice; the progress page
+    counts them for their chapter; "Reset all my answers" forgets them. Over http:// and
+    file:// (where fetch and ES modules are blocked)."""
+    from attnlab.quiz import load_quiz
+
+    chapter = CHAPTERS[0]
+    bank = load_quiz(Path(chapter).stem)
+    root = base_url if scheme == "http" else SITE.as_uri()
+    context = browser.new_context(viewport={"width": 1280, "height": 1600})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)[:300]))
+    page.goto(f"{root}/{chapter}", wait_until="load")
+    page.wait_for_timeout(1000)
+    wraps = page.locator(".Quiz")
+    choice = [i for i, q in enumerate(bank) if q["type"] != "numeric"][:2]
+    numeric = [i for i, q in enumerate(bank) if q["type"] == "numeric"][:1]
+    expected = {}
+    for i, want_right in zip(choice, (True, False)):
+        buttons = wraps.nth(i).locator(".MCButton")
+        marks = [buttons.nth(j).get_attribute("data-correct") == "true" for j in range(buttons.count())]
+        wraps.nth(i).scroll_into_view_if_needed()
+        buttons.nth(marks.index(want_right)).click()
+        expected[i] = want_right
+    for i in numeric:
+        field = wraps.nth(i).locator("input.Input-text")
+        field.fill(numeric_entries(bank[i])[0])
+        field.press("Enter")
+        expected[i] = True
+    page.wait_for_timeout(200)
+    page.reload(wait_until="load")
+    page.wait_for_timeout(1000)
+    for i, want_right in expected.items():
+        right, wrong, shown = wraps.nth(i).evaluate(QUIZ_JS)
+        assert shown and (right, wrong) == (want_right, not want_right), f"question {i} not restored"
+    kept = page.evaluate("JSON.parse(localStorage.getItem('attnlab-quiz-v1'))")
+    assert {bank[i]["id"] for i in expected} == set(kept)
+    assert all(r["attempts"] == 1 for r in kept.values()), "a restored answer was counted again"
+    first_try = sum(expected.values())
+    status = page.locator(".attnlab-quiz-status").inner_text()
+    assert f"{len(expected)} of {len(bank)} answered, {first_try} right on the first try" in status
+
+    page.goto(f"{root}/book/progress.html", wait_until="load")
+    page.wait_for_timeout(500)
+    cells = page.locator("table.attnlab-progress tbody tr").first.locator("td").all_inner_texts()
+    assert cells[1:] == [str(len(bank)), str(len(expected)), str(first_try)], cells
+    page.get_by_role("button", name="Reset all my answers").click()
+    cells = page.locator("table.attnlab-progress tbody tr").first.locator("td").all_inner_texts()
+    assert cells[2:] == ["0", "0"]
+    assert not errors
+    context.close()
 
 
 def test_internal_links_resolve():

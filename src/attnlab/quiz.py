@@ -28,6 +28,7 @@ rounding, a range ``[lo, hi]`` when lo ≤ x < hi (hi excluded). For an exact in
 """
 from __future__ import annotations
 
+import html
 import json
 import math
 import re
@@ -236,7 +237,16 @@ def validate_bank(questions: list[dict], name: str = "bank") -> None:
 
 
 def show_quiz(name: str, **kwargs) -> None:
-    """Display a chapter's quiz (works in Jupyter, Colab and the static book)."""
+    """Display a chapter's quiz (works in Jupyter, Colab and the static book).
+
+    In the book, a marker before the quiz names its bank and the questions' stable ids in the
+    order they are drawn (never shuffled), so ``book/_static/attnlab-quiz.js`` can keep each
+    answer in the reader's browser under its id; elsewhere the marker is an empty div.
+    """
+    from IPython.display import HTML, display
     from jupyterquiz import display_quiz
 
-    display_quiz(load_quiz(name), **{"colors": "fdsp", **kwargs})
+    questions = load_quiz(name)
+    ids = html.escape(json.dumps([q["id"] for q in questions]), quote=True)
+    display(HTML(f'<div class="attnlab-quiz" data-bank="{html.escape(name)}" data-ids="{ids}"></div>'))
+    display_quiz(questions, **{"colors": "fdsp", **kwargs, "shuffle_questions": False})

@@ -6,15 +6,20 @@
 * ``setup``: a Sphinx extension that copies the ``plotly.min.js`` shipped in the plotly
   wheel into ``_static/`` and adds it only to pages that have a figure, and drops scripts an
   offline page must not load (``_drop_thebe``, ``_drop_idle_widget_manager``), and turns
-  links to the book's public address into relative ones (``_local_links``).
+  links to the book's public address into relative ones (``_local_links``), and writes
+  ``_static/attnlab-banks.js``, the list of every chapter's quiz question ids that the
+  "Your progress" page counts against (``_write_banks``).
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import shutil
 from pathlib import Path
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLY_JS = "plotly.min.js"
+BANKS_JS = "attnlab-banks.js"
 
 
 class PlotlyMimeRenderer:
@@ -88,10 +93,32 @@ def _local_links(app, pagename, templatename, context, doctree):
         context["body"] = context["body"].replace(f'href="{base}', f'href="{up}')
 
 
+def _write_banks(app, exc):
+    """``window.ATTNLAB_BANKS``: one entry per chapter with a quiz (bank name, page title, page
+    address, question ids), as a classic script so the progress page works from file:// too.
+    The banks are read as files: importing attnlab would import torch."""
+    if exc is not None or app.builder.format != "html":
+        return
+    package = Path(importlib.util.find_spec("attnlab").submodule_search_locations[0])
+    banks = []
+    for docname in app.env.found_docs:
+        bank = package / "quizzes" / f"{Path(docname).name}.json"
+        if docname.startswith("notebooks/") and bank.is_file():
+            title = app.env.titles[docname].astext() if docname in app.env.titles else docname
+            ids = [q["id"] for q in json.loads(bank.read_text(encoding="utf-8"))]
+            banks.append({"bank": bank.stem, "title": title, "ids": ids,
+                          "url": app.builder.get_target_uri(docname)})
+    banks.sort(key=lambda b: b["bank"])
+    text = f"window.ATTNLAB_BANKS = {json.dumps(banks, ensure_ascii=False)};\n"
+    (Path(app.outdir) / "_static" / BANKS_JS).write_text(text, encoding="utf-8")
+
+
 def setup(app):
+    app.add_js_file(BANKS_JS)
     app.connect("html-page-context", _local_links)
     app.connect("html-page-context", _add_plotly_js)
     app.connect("html-page-context", _drop_thebe, priority=900)  # after every script is added
     app.connect("html-page-context", _drop_idle_widget_manager, priority=900)
     app.connect("build-finished", _copy_plotly_js)
+    app.connect("build-finished", _write_banks)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
