@@ -17,7 +17,7 @@ SITE = Path(__file__).resolve().parents[1] / "_build" / "html"
 CHROMIUM = "/usr/bin/chromium"
 CHAPTERS = sorted(p.relative_to(SITE).as_posix() for p in (SITE / "notebooks").glob("*.html"))
 PAGES = ["book/intro.html", "book/how_to_use.html", "book/notation.html", "book/progress.html",
-         "book/errata.html",
+         "book/review.html", "book/errata.html",
          "book/references.html", *CHAPTERS]
 # Console messages allowed, each with the reason. Keep this empty unless a message is
 # harmless and cannot be removed at its source.
@@ -234,6 +234,43 @@ def test_quiz_answers_are_kept_and_counted(browser, base_url, scheme):
     page.get_by_role("button", name="Reset all my answers").click()
     cells = page.locator("table.attnlab-progress tbody tr").first.locator("td").all_inner_texts()
     assert cells[2:] == ["0", "0"]
+    assert not errors
+    context.close()
+
+
+def test_review_page_schedules_answered_questions(browser, base_url):
+    """FSRS on the review page: right after answering, nothing is due; thirty days later both
+    answered questions are; a due question links to its place in its chapter, highlighted."""
+    from attnlab.quiz import load_quiz
+
+    chapter = CHAPTERS[0]
+    bank = load_quiz(Path(chapter).stem)
+    context = browser.new_context(viewport={"width": 1280, "height": 1600})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)[:300]))
+    page.goto(f"{base_url}/{chapter}", wait_until="load")
+    page.wait_for_timeout(1000)
+    wraps = page.locator(".Quiz")
+    for i, want_right in zip([i for i, q in enumerate(bank) if q["type"] != "numeric"][:2], (True, False)):
+        buttons = wraps.nth(i).locator(".MCButton")
+        marks = [buttons.nth(j).get_attribute("data-correct") == "true" for j in range(buttons.count())]
+        wraps.nth(i).scroll_into_view_if_needed()
+        buttons.nth(marks.index(want_right)).click()
+    page.wait_for_timeout(200)
+    page.goto(f"{base_url}/book/review.html", wait_until="load")
+    page.wait_for_timeout(500)
+    assert "Nothing is due for review now" in page.locator("#attnlab-review").inner_text()
+    page.evaluate("""() => { const kept = JSON.parse(localStorage.getItem('attnlab-quiz-v1'));
+      for (const r of Object.values(kept)) r.history = r.history.map(h => ({t: h.t - 30 * 864e5, ok: h.ok}));
+      localStorage.setItem('attnlab-quiz-v1', JSON.stringify(kept)); }""")
+    page.reload(wait_until="load")
+    page.wait_for_timeout(500)
+    due = page.locator(".attnlab-review-due a")
+    assert due.count() == 2
+    due.first.click()
+    page.wait_for_timeout(1500)
+    assert page.locator(".attnlab-quiz-target").count() == 1
     assert not errors
     context.close()
 

@@ -1,4 +1,4 @@
-/* Attention Lab: quizzes that remember, and the "Your progress" page.
+/* Attention Lab: quizzes that remember, the "Your progress" page and the "Review" page.
  *
  * Each chapter's quiz is drawn by jupyterquiz; `attnlab.quiz.show_quiz` puts a marker before it,
  * <div class="attnlab-quiz" data-bank="NN_name" data-ids='["NN-...", ...]'>, whose ids are the
@@ -29,6 +29,7 @@
     r.everCorrect = Boolean(r.everCorrect || correct);
     r.answer = answer;
     r.when = Date.now();
+    r.history = (r.history || []).concat([{ t: r.when, ok: correct }]).slice(-50);
     answers[id] = r;
     store(answers);
   }
@@ -85,6 +86,13 @@
     Array.prototype.forEach.call(wraps, function (wrap, i) {
       var id = ids[i];
       wrap.dataset.questionId = id;
+      var anchor = document.createElement("span");   // #q-<id>: the review page links here
+      anchor.id = "q-" + id;
+      wrap.parentNode.insertBefore(anchor, wrap);
+      if (window.location.hash === "#q-" + id) {
+        wrap.classList.add("attnlab-quiz-target");
+        window.setTimeout(function () { anchor.scrollIntoView(); }, 300);
+      }
       var lastClick = -1;
       wrap.addEventListener("click", function (event) {
         if (restoring) return;          // a kept answer being shown again, not a new one
@@ -191,10 +199,74 @@
     host.appendChild(reset);
   }
 
+  /* Spaced review with FSRS (ts-fsrs, loaded by the review page only). Each question's card is
+   * rebuilt by replaying its answers in order: the first answer, and each answer given once the
+   * card is due, is a review (right: Good; wrong: Again); answers before the due date (a second
+   * try, a reread) leave the schedule alone. Replaying keeps the stored data a plain log. */
+  function card(history) {
+    var F = window.FSRS, scheduler = F.fsrs(F.generatorParameters({ enable_fuzz: false }));
+    var c = F.createEmptyCard(new Date(history[0].t));
+    history.forEach(function (h, i) {
+      var when = new Date(h.t);
+      if (i === 0 || when >= c.due) c = scheduler.next(c, when, h.ok ? F.Rating.Good : F.Rating.Again).card;
+    });
+    return c;
+  }
+
+  function when(due, now) {
+    var hours = (due - now) / 36e5;
+    var minutes = Math.max(1, Math.round(hours * 60));
+    if (hours < 1) return "in " + minutes + (minutes === 1 ? " minute" : " minutes");
+    if (hours < 24) return "in " + Math.round(hours) + " hours";
+    return "on " + due.toLocaleDateString();
+  }
+
+  function reviewPage(host) {
+    var answers = load(), banks = window.ATTNLAB_BANKS || [], texts = window.ATTNLAB_QUESTIONS || {};
+    var root = document.documentElement.dataset.content_root || "", now = new Date();
+    var due = [], later = [];
+    banks.forEach(function (b) {
+      b.ids.forEach(function (id) {
+        var r = answers[id];
+        if (!r || !r.history || !r.history.length) return;
+        var c = card(r.history);
+        (c.due <= now ? due : later).push({ id: id, bank: b, card: c });
+      });
+    });
+    due.sort(function (a, b) { return a.card.due - b.card.due; });
+    later.sort(function (a, b) { return a.card.due - b.card.due; });
+    host.textContent = "";
+    var head = document.createElement("p");
+    head.className = "attnlab-review-count";
+    head.textContent = due.length ? due.length + " question" + (due.length > 1 ? "s" : "") +
+      " due for review." : "Nothing is due for review now.";
+    host.appendChild(head);
+    var list = document.createElement("ol");
+    list.className = "attnlab-review-due";
+    due.forEach(function (d) {
+      var item = document.createElement("li"), link = document.createElement("a");
+      link.href = root + d.bank.url + "#q-" + d.id;
+      link.innerHTML = texts[d.id] || d.id;   // the bank's own HTML, as the quiz shows it
+      var where = document.createElement("span");
+      where.className = "attnlab-review-where";
+      where.textContent = " (" + d.bank.title + (d.card.lapses ? ", missed " + d.card.lapses + "×" : "") + ")";
+      item.appendChild(link); item.appendChild(where); list.appendChild(item);
+    });
+    if (due.length) host.appendChild(list);
+    if (later.length) {
+      var next = document.createElement("p");
+      next.textContent = later.length + " more answered question" + (later.length > 1 ? "s" : "") +
+        " scheduled; the next is due " + when(later[0].card.due, now) + ".";
+      host.appendChild(next);
+    }
+  }
+
   function start() {
     attachAll(25);
     var host = document.getElementById("attnlab-progress");
     if (host) progressPage(host);
+    var review = document.getElementById("attnlab-review");
+    if (review && window.FSRS) reviewPage(review);
   }
   if (document.readyState === "complete") start();
   else window.addEventListener("load", start);

@@ -8,7 +8,8 @@
   offline page must not load (``_drop_thebe``, ``_drop_idle_widget_manager``), and turns
   links to the book's public address into relative ones (``_local_links``), and writes
   ``_static/attnlab-banks.js``, the list of every chapter's quiz question ids that the
-  "Your progress" page counts against (``_write_banks``).
+  "Your progress" page counts against, and ``attnlab-questions.js``, their texts for the
+  review page (``_write_banks``).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLY_JS = "plotly.min.js"
 BANKS_JS = "attnlab-banks.js"
+QUESTIONS_JS = "attnlab-questions.js"
 
 
 class PlotlyMimeRenderer:
@@ -109,8 +111,16 @@ def _write_banks(app, exc):
             banks.append({"bank": bank.stem, "title": title, "ids": ids,
                           "url": app.builder.get_target_uri(docname)})
     banks.sort(key=lambda b: b["bank"])
+    static = Path(app.outdir) / "_static"
     text = f"window.ATTNLAB_BANKS = {json.dumps(banks, ensure_ascii=False)};\n"
-    (Path(app.outdir) / "_static" / BANKS_JS).write_text(text, encoding="utf-8")
+    (static / BANKS_JS).write_text(text, encoding="utf-8")
+    # the question texts, for the review page only (it loads this file itself)
+    texts = {}
+    for b in banks:
+        bank = json.loads((package / "quizzes" / f"{b['bank']}.json").read_text(encoding="utf-8"))
+        texts.update({q["id"]: q["question"] for q in bank})
+    text = f"window.ATTNLAB_QUESTIONS = {json.dumps(texts, ensure_ascii=False)};\n"
+    (static / QUESTIONS_JS).write_text(text, encoding="utf-8")
 
 
 def setup(app):
