@@ -23,8 +23,8 @@ from torch import nn
 
 import attnlab
 from attnlab import (
-    attention, blocks, diff_attention, flash, grokking, hybrid, hyena, icl, kv_cache, linear, mla, mod, models, moe,
-    nsa, numerics, objectives, position_models, positional, quant, rglru, ring, scaling, schedules, sparse,
+    attention, blocks, diff_attention, flash, grokking, hybrid, hyena, icl, kernels, kv_cache, linear, mla, mod, models,
+    moe, nsa, numerics, objectives, position_models, positional, quant, rglru, ring, scaling, schedules, sparse,
     speculative, ssm, tasks, tradeoff, train,
 )
 
@@ -59,6 +59,9 @@ EXEMPT = {
     "tradeoff.pivot": "reshapes result rows (dicts); no tensor or size argument",
     "tradeoff.load_precomputed": "no arguments: reads package data",
     "train.History": "dataclass record that train fills in",
+    "kernels.load_triton": "no arguments: imports the optional Triton (tested in test_kernels.py)",
+    "kernels.have_triton": "no arguments: reports whether Triton imports (tested in test_kernels.py)",
+    "kernels.flash_forward_kernel": "the Triton kernel body, launched by triton_flash_attention (covered)",
 }
 
 
@@ -153,6 +156,16 @@ BAD = {
     "flash.flash_trace": [(lambda: flash.flash_trace(Q, Q, Q, block_q=0), "block_q")],
     "flash.hbm_accesses_standard": [(lambda: flash.hbm_accesses_standard(-1, 64), "n")],
     "flash.hbm_accesses_flash": [(lambda: flash.hbm_accesses_flash(1024, 64, 0), "sram")],
+    "flash.hbm_accesses_flash2": [(lambda: flash.hbm_accesses_flash2(1024, 0, 4096), "d")],
+    "flash.fa1_block_sizes": [(lambda: flash.fa1_block_sizes(0, 64), "sram")],
+    "flash.fa2_block_sizes": [(lambda: flash.fa2_block_sizes(4096, -1), "d")],
+    # kernels (the arguments are checked before Triton is imported, so these run without it)
+    "kernels.triton_flash_attention": [(lambda: kernels.triton_flash_attention(INT, INT, INT), "q"),
+                                       (lambda: kernels.triton_flash_attention(Q, Q[..., :4], Q), "k"),
+                                       (lambda: kernels.triton_flash_attention(*(torch.zeros(1, 1, 4, 16),) * 3, block_q=48), "block_q"),
+                                       (lambda: kernels.triton_flash_attention(Q[..., :4], Q[..., :4], Q[..., :4]),
+                                        "d")],
+    "kernels.check_kernel_file": [(lambda: kernels.check_kernel_file("/nonexistent/kernel.py"), "path")],
     # grokking
     "grokking.ModularMLP": [(lambda: grokking.ModularMLP(7, 8, 16)(torch.zeros(3, 3, dtype=torch.long)), "pairs")],
     "grokking.fourier_power": [(lambda: grokking.fourier_power(torch.randn(7)), "embedding")],
@@ -237,6 +250,7 @@ BAD = {
                                                                  causal=True, method="recurrent"), "q")],
     "linear.gated_linear_attention": [
         (lambda: linear.gated_linear_attention(Q, Q, Q, NEG, method="chunked", chunk=0), "chunk"),
+        (lambda: linear.gated_linear_attention(Q, Q, Q, NEG, method="chunked_matmul", sub_chunk=0), "sub_chunk"),
         (lambda: linear.gated_linear_attention(Q, Q, Q, -NEG), "log_decay"),
         (lambda: linear.gated_linear_attention(Q, Q[:, :1], Q, NEG), "k")],
     # mla, mod, models, moe
@@ -340,6 +354,11 @@ BAD = {
     "sparse.sliding_window_attention": [(lambda: sparse.sliding_window_attention(Q, Q, Q, -1), "window"),
                                         (lambda: sparse.sliding_window_attention(Q, Q, Q, 1, block=0), "block"),
                                         (lambda: sparse.sliding_window_attention(INT, INT, INT, 1), "q")],
+    "sparse.tile_classes": [(lambda: sparse.tile_classes(torch.ones(3, 4, dtype=torch.bool), 2), "mask"),
+                            (lambda: sparse.tile_classes(torch.ones(3, 3, dtype=torch.bool), 0), "block")],
+    "sparse.window_tiles": [(lambda: sparse.window_tiles(0, 4, 2), "n"),
+                            (lambda: sparse.window_tiles(8, 0, 2), "block"),
+                            (lambda: sparse.window_tiles(8, 4, -1), "window")],
     # speculative
     "speculative.expected_tokens_per_step": [(lambda: speculative.expected_tokens_per_step(1.5, 2), "alpha")],
     "speculative.expected_speedup": [(lambda: speculative.expected_speedup(0.5, 2, -1.0), "cost_ratio")],
@@ -608,6 +627,9 @@ SIZE_FUNCTIONS = {
     "compress": lambda a, b, c: nsa.compress(torch.randn(1, a, 2) if a >= 0 else torch.randn(1, 2), b),
     "online_softmax": lambda a, b, c: flash.online_softmax(torch.randn(2, abs(a)), b),
     "hbm_accesses_flash": lambda a, b, c: flash.hbm_accesses_flash(a, b, c),
+    "hbm_accesses_flash2": lambda a, b, c: flash.hbm_accesses_flash2(a, b, c),
+    "fa1_block_sizes": lambda a, b, c: flash.fa1_block_sizes(a, b),
+    "fa2_block_sizes": lambda a, b, c: flash.fa2_block_sizes(a, b),
     "kv_cache_bytes": lambda a, b, c: kv_cache.kv_cache_bytes(a, b, c, a, window=None),
     "decode_flops": lambda a, b, c: kv_cache.decode_flops(a, b, c, cached=True),
     "routed_tokens": lambda a, b, c: mod.routed_tokens(0.5, a),

@@ -103,3 +103,76 @@ def test_parameter_map_totals_match_a_bias_free_block(d_model, d_ff, n_heads):
     assert int(total.rsplit("=", 1)[1].replace(",", "")) == weights == 4 * d_model**2 + 2 * d_model * d_ff
     attn = next(t for t in texts if t.startswith("attention"))
     assert int(attn.rsplit("=", 1)[1].replace(",", "")) == count_parameters(block.attn)
+
+
+@pytest.mark.parametrize("n,m,d_v", [(4096, 64, 64), (100, 16, 8)])
+def test_linear_attention_orders_prints_counted_flops(n, m, d_v):
+    from torch.utils.flop_counter import FlopCounterMode
+    texts = _texts(diagrams.linear_attention_orders(n, m, d_v))
+    printed = [int(t.split()[0].replace(",", "")) for t in texts if t.endswith(" FLOPs")]
+    fq, fk, v = torch.zeros(n, m, device="meta"), torch.zeros(n, m, device="meta"), torch.zeros(n, d_v, device="meta")
+    counted = []
+    for order in (lambda: (fq @ fk.T) @ v, lambda: fq @ (fk.T @ v)):
+        with FlopCounterMode(display=False) as counter:
+            order()
+        counted.append(counter.get_total_flops())
+    assert printed == counted
+    assert f"stores n² = {n * n:,}" in texts and f"({n}, {n})" in texts
+
+
+def test_recurrent_state_draws_one_row_per_key_dimension_and_prints_the_decays():
+    plain, gated = diagrams.recurrent_state(), diagrams.recurrent_state(alpha=(0.9, 0.2, 1.0))
+    assert "the memory S holds m·dv = 16 numbers at every step t" in "".join(_texts(plain))
+    assert [t for t in _texts(gated) if t.startswith("× ")] == ["× 0.9", "× 0.2", "× 1"]
+    assert "Diag(α" in gated.desc and "Diag(α" not in plain.desc
+
+
+def test_hbm_sram_loop_names_the_blocks_it_highlights():
+    texts = _texts(diagrams.hbm_sram_loop(t_r=3, t_c=6, i=2, j=4))
+    assert "Q₃" in texts and "K₅" in texts and "V₅" in texts and "O₃" in texts
+    assert any(t.startswith("K and V cross the bus once per query block (3×") for t in texts)
+    assert "Q₃" in diagrams.hbm_sram_loop(3, 6, 2, 4).desc.replace("Q_3", "Q₃")
+
+
+@pytest.mark.parametrize("scores,values,block", [((1.0, 3.0, 0.5, 2.0, 4.0, -1.0), (1.0, -1.0, 2.0, 0.0, 1.0, 3.0), 2),
+                                                 ((0.0, -2.0, 5.0), (2.0, 1.0, -1.0), 1)])
+def test_online_softmax_state_ends_at_softmax_times_v(scores, values, block):
+    from attnlab.flash import online_softmax
+    dia = diagrams.online_softmax_state(scores, values, block)
+    texts = [t.replace("\u2212", "-") for t in _texts(dia)]
+    s = torch.tensor(scores, dtype=torch.float64)
+    exact = (torch.softmax(s, 0) @ torch.tensor(values, dtype=torch.float64)).item()
+    assert any(t.endswith(f"softmax(s)·v = {exact:.4f}") and f"o / ℓ = {exact:.4f}" in t for t in texts)
+    ms = [float(t.split("=")[1]) for t in texts if t.startswith("m = ")]
+    _, row_max, normaliser = online_softmax(s[None], block)
+    assert len(ms) == -(-len(scores) // block) and ms[-1] == round(row_max.item(), 2)
+    ls = [float(t.split("=")[1]) for t in texts if t.startswith("ℓ = ")]
+    assert ls[-1] == round(normaliser.item(), 3)
+    with pytest.raises(ValueError, match="block"):
+        diagrams.online_softmax_state((1.0,), (1.0,), 0)
+
+
+@pytest.mark.parametrize("n,block,window,causal", [(512, 64, 80, False), (500, 64, 16, True), (96, 32, 40, False)])
+def test_window_kernel_tiles_prints_the_library_tile_counts(n, block, window, causal):
+    from attnlab.sparse import sliding_window_mask, tile_classes, window_tiles
+    texts = _texts(diagrams.window_kernel_tiles(n, block, window, causal))
+    classes = tile_classes(sliding_window_mask(n, window, causal=causal), block)
+    t = classes.shape[0]
+    assert f"full: {int((classes == 2).sum())}" in texts and f"partial: {int((classes == 1).sum())}" in texts
+    assert f"skipped: {int((classes == 0).sum())}" in texts
+    assert any(x.startswith(f"tiles computed: {window_tiles(n, block, window, causal=causal)} of {t * t} (") for x in texts)
+    with pytest.raises(ValueError, match="block"):
+        diagrams.window_kernel_tiles(64, 0, 4)
+
+
+@pytest.mark.parametrize("slots,t", [(4, 9), (3, 1), (5, 14)])
+def test_rolling_cache_puts_position_p_in_slot_p_mod_s(slots, t):
+    texts = _texts(diagrams.rolling_cache(slots, t))
+    held = [int(x.split("=")[1]) for x in texts if x.startswith("p = ")]
+    live = list(range(max(0, t - slots + 1), t + 1))
+    assert sorted(held) == live                                 # the live positions, one per slot
+    assert all(p % slots == i for i, p in enumerate(held)) or t + 1 < slots
+    assert f"write pointer: {t} mod {slots} = {t % slots}" in texts
+    assert texts.count("empty") == max(0, slots - t - 1)
+    with pytest.raises(ValueError, match="slots"):
+        diagrams.rolling_cache(0, 3)

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 from attnlab.attention import causal_mask, scaled_dot_product_attention
-from attnlab.flash import (flash_attention, flash_forward, flash_trace, hbm_accesses_flash, hbm_accesses_standard,
-                           online_softmax)
+from attnlab.flash import (fa1_block_sizes, fa2_block_sizes, flash_attention, flash_forward, flash_trace,
+                           hbm_accesses_flash, hbm_accesses_flash2, hbm_accesses_standard, online_softmax)
 from attnlab.numerics import agrees, error_ratio
 
 
@@ -73,13 +73,56 @@ def test_bad_input():
         flash_attention(q, k[..., :4], v)
 
 
-def test_io_model():
+def test_io_model_standard_is_algorithm_0():
     n, d = 4096, 64
     assert hbm_accesses_standard(n, d) == 4 * n * d + 4 * n * n
-    small, big = hbm_accesses_flash(n, d, 2**15), hbm_accesses_flash(n, d, 2**17)
-    assert big < small and big < hbm_accesses_standard(n, d) / 3
-    assert small / big == pytest.approx(4, rel=0.05)                 # Θ(n² d² / M): 4× the SRAM, 1/4 the traffic
-    assert hbm_accesses_flash(2 * n, d, 2**16) / hbm_accesses_flash(n, d, 2**16) == pytest.approx(4, rel=0.05)
+
+
+@pytest.mark.parametrize("sram,d", [(98_304, 64), (98_304, 128), (16_384, 128), (1024, 16), (100, 64)])
+def test_fa1_block_sizes_follow_algorithm_1_line_1(sram, d):
+    block_r, block_c = fa1_block_sizes(sram, d)
+    assert block_c == math.ceil(sram / (4 * d)) and block_r == min(block_c, d)
+
+
+def test_io_model_fa1_counts_algorithm_1_line_by_line():
+    """2nd for K, V; nd + 2n to initialise O, l, m; then 3nd + 4n per outer pass over K/V blocks."""
+    n, d, sram = 1000, 64, 98_304
+    _, block_c = fa1_block_sizes(sram, d)
+    passes = math.ceil(n / block_c)
+    assert hbm_accesses_flash(n, d, sram) == 2 * n * d + (n * d + 2 * n) + passes * (3 * n * d + 4 * n)
+    # Θ(n² d² / M): 4× the SRAM, about 1/4 of the traffic; 2× the length, about 4× the traffic
+    small, big = hbm_accesses_flash(8192, d, 2**15), hbm_accesses_flash(8192, d, 2**17)
+    assert small / big == pytest.approx(4, rel=0.05)
+    assert hbm_accesses_flash(2 * 8192, d, 2**16) / hbm_accesses_flash(8192, d, 2**16) == pytest.approx(4, rel=0.05)
+    # against standard attention the ratio tends to M / 3d² for long sequences
+    ratio = hbm_accesses_standard(2**17, d) / hbm_accesses_flash(2**17, d, sram)
+    assert ratio == pytest.approx(sram / (3 * d * d), rel=0.1)
+
+
+def test_io_model_fa2_rereads_kv_once_per_query_block():
+    n, d, sram = 4096, 64, 98_304
+    block_r, block_c = fa2_block_sizes(sram, d)
+    assert block_r == block_c and block_r ** 2 + 4 * block_r * d <= sram < (block_r + 1) ** 2 + 4 * (block_r + 1) * d
+    assert hbm_accesses_flash2(n, d, sram) == 2 * n * d + n + math.ceil(n / block_r) * 2 * n * d
+    assert fa2_block_sizes(10, 64) == (1, 1)                       # nothing fits: one row at a time
+
+
+def test_io_advantage_collapses_as_d_grows():
+    """The ratio standard / FA-1 falls like 1/d²; past d ≈ sqrt(M/3) tiling moves more than it saves."""
+    n, sram = 8192, 98_304
+    ratios = [hbm_accesses_standard(n, d) / hbm_accesses_flash(n, d, sram) for d in (32, 64, 128, 256)]
+    assert ratios == sorted(ratios, reverse=True) and ratios[1] > 6 and ratios[-1] < 1
+
+
+def test_trace_holds_the_current_tile_only():
+    q, k, v = _qkv(1, 1, 1, 8, 8, 4, 5, torch.float64)
+    _, trace = flash_trace(q, k, v, causal=False, block_q=4, block_k=4)
+    for snap in trace:
+        q0, q1, k0, k1 = snap["tile"]
+        s = q[0, 0, q0:q1] @ k[0, 0, k0:k1].T / 2
+        expected = torch.exp(s - snap["row_max"][0, 0, q0:q1, None])
+        assert snap["p"].shape == (1, 1, q1 - q0, k1 - k0) and torch.allclose(snap["p"][0, 0], expected)
+        assert snap["p"].max() <= 1
 
 
 def test_trace_ends_at_the_output_and_skips_masked_tiles():

@@ -1,5 +1,5 @@
 """Every transfer question's answer is computed here with attnlab (or torch), so the banks cannot
-drift from the code: one small test per question (chapters 01-03 in test_quiz_answers_0N.py), which looks the question up by its id.
+drift from the code: one small test per question (chapters 01-03, 08 and 09 in test_quiz_answers_0N.py), which looks the question up by its id.
 
 Numeric questions: the computed number, typed in full into the widget, must be judged correct by
 jupyterquiz's own rule (attnlab.quiz.judge_numeric: rounding to ``precision`` significant digits,
@@ -181,58 +181,6 @@ def test_07_backward_saved_numbers():
     q = torch.randn(1, 1, 4096, 64)
     out, lse = flash_forward(q, q, q, block_q=1024, block_k=1024)
     accepts("07-backward-saved-numbers", out.numel() + lse.numel())
-
-
-# --------------------------------------------------------------------------- 08 sparse attention
-
-def test_08_window_global_key_count():
-    from attnlab.sparse import keys_per_row, longformer_mask
-    keys = keys_per_row(longformer_mask(512, 64, global_tokens=(0, 1)))
-    accepts("08-window-global-key-count", keys[256].item())     # an ordinary query, far from the edges
-
-
-def test_08_window_reach_layers():
-    from attnlab.sparse import reach, sliding_window_mask
-    n, w = 64, 4
-    reached = reach(sliding_window_mask(n, w), 12)
-    for d in (8, 12, 20):
-        layers = next(l + 1 for l, r in enumerate(reached) if r[10 + d, 10] and r[10, 10 + d])
-        assert layers == d // w
-    assert correct_option("08-window-reach-layers").startswith("About d / w layers")
-
-
-def test_08_global_token_two_hops():
-    from attnlab.sparse import longformer_mask, receptive_field, sliding_window_mask
-    window_only = receptive_field(sliding_window_mask(64, 2), 2)
-    with_global = receptive_field(longformer_mask(64, 2, global_tokens=(0,)), 2)
-    assert window_only[-1] < 0.2 and with_global[-1] == 1.0
-    assert correct_option("08-global-token-two-hops").startswith("Every pair is connected within two layers")
-
-
-# --------------------------------------------------------------------------- 09 linear attention
-
-def test_09_recurrent_state_size():
-    from attnlab.hybrid import CausalLinearAttention
-    accepts("09-recurrent-state-size", CausalLinearAttention(64, 1).state_size())
-
-
-def test_09_associativity_flop_ratio():
-    from attnlab.linear import elu_feature
-    n, m = 4096, 64
-    with torch.device("meta"):
-        fq, fk, v = elu_feature(torch.zeros(n, m)), elu_feature(torch.zeros(n, m)), torch.zeros(n, m)
-        left = flops(lambda: (fq @ fk.T) @ v)
-        right = flops(lambda: fq @ (fk.T @ v))
-    accepts("09-associativity-flop-ratio", left / right)
-
-
-def test_09_kv_cache_outgrows_state():
-    from attnlab.hybrid import CausalLinearAttention
-    from attnlab.kv_cache import kv_cache_bytes
-    d = 128
-    state = CausalLinearAttention(d, 1).state_size()
-    first = next(t for t in range(1, 10 * d) if kv_cache_bytes(1, 1, d, t, bytes_per_element=1) >= state)
-    accepts("09-kv-cache-outgrows-state", first)
 
 
 # --------------------------------------------------------------------------- 10 state space models

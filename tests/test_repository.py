@@ -157,6 +157,9 @@ PATTERN_CHAPTERS = [
     "01_attention_from_scratch",
     "02_positional_encodings",
     "03_transformer_block",
+    "07_flash_attention",
+    "09_linear_attention",
+    "08_sparse_attention",
 ]
 CODE_COLUMN = 88  # characters that fit the book's code column at a 1280-px window
 BOOK_URL = re.search(r"^\s+baseurl:\s*(\S+)", (ROOT / "_config.yml").read_text(), re.M).group(1)
@@ -212,6 +215,9 @@ def test_pattern_builds_draws_shows_and_exercises(stem):
     for i in exercises:
         solution = cells[i + 1]
         tags = solution["metadata"].get("tags", [])
-        assert solution["cell_type"] == "code" and "hide-input" in tags, f"exercise at cell {i}: no hidden solution"
-        assert solution["metadata"].get("jupyter", {}).get("source_hidden") is True, "hide it in JupyterLab too"
+        # hide-cell: the book folds the code *and* its output (the answer) behind one toggle
+        assert solution["cell_type"] == "code" and "hide-cell" in tags, f"exercise at cell {i}: no hidden solution"
+        jupyter = solution["metadata"].get("jupyter", {})
+        assert jupyter.get("source_hidden") is True and jupyter.get("outputs_hidden") is True, \
+            f"exercise at cell {i}: hide the solution and its output in JupyterLab too"
         assert "assert " in source(solution), f"exercise at cell {i}: the solution checks nothing"

@@ -63,3 +63,28 @@ def test_sliding_window_rejects_bad_input():
         sliding_window_attention(q, q, q, -1)
     with pytest.raises(ValueError, match="same shape"):
         sliding_window_attention(q, q[:, :, :4], q[:, :, :4], 1)
+
+
+@given(st.integers(1, 200), st.integers(1, 40), st.integers(0, 60), st.booleans())
+def test_window_tiles_counts_the_non_empty_tiles_of_the_mask(n, block, window, causal):
+    from attnlab.sparse import tile_classes, window_tiles
+    classes = tile_classes(sliding_window_mask(n, window, causal=causal), block)
+    assert window_tiles(n, block, window, causal=causal) == int((classes > 0).sum())
+
+
+def test_tile_classes_by_brute_force_and_the_dense_counts():
+    from attnlab.sparse import tile_classes, window_tiles
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(23, 23, generator=g) < 0.1
+    mask[:8, :8] = True                                  # one full tile
+    classes = tile_classes(mask, 8)
+    for i in range(3):
+        for j in range(3):
+            tile = mask[8 * i:8 * i + 8, 8 * j:8 * j + 8]
+            assert classes[i, j] == (2 if tile.all() else 1 if tile.any() else 0)
+    assert classes[0, 0] == 2
+    assert window_tiles(1024, 128, 1024, causal=True) == 36      # causal dense: T(T + 1)/2
+    assert window_tiles(1024, 128, 1024) == 64                   # dense: T²
+    assert window_tiles(4096, 128, 128) == 3 * 32 - 2
+    with pytest.raises(ValueError, match="block must be a positive int"):
+        tile_classes(mask, 0)

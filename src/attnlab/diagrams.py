@@ -531,3 +531,437 @@ def parameter_map(d_model: int = 768, d_ff: int = 3072, n_heads: int = 12) -> Di
 
 
 ALL = [qkv_lookup, multihead_split_merge, rope_rotation, alibi_bias_grid, block_wiring, parameter_map]
+
+
+# ----------------------------------------------------------------------------- chapter 09: linear attention
+
+def _matrix(dr: Drawing, x, y, w, h, label, shape, color, size=15):
+    """A matrix drawn as a box with its name inside and its shape under it."""
+    dr.rect(x, y, w, h, color, 0.22, rx=3)
+    dr.text(x + w / 2, y + h / 2, label, size)
+    dr.text(x + w / 2, y + h + 14, shape, 13)
+
+
+def linear_attention_orders(n: int = 4096, m: int = 64, d_v: int = 64) -> Diagram:
+    """The two bracketings of φ(Q)φ(K)ᵀV, with their shapes, FLOPs and the size of what they store.
+
+    (φ(Q)φ(K)ᵀ)V first forms the (n, n) matrix: 2n²m + 2n²d_v FLOPs. φ(Q)(φ(K)ᵀV) first forms
+    the (m, d_v) state: 2nmd_v + 2nmd_v FLOPs. Same result (matrix products are associative);
+    the printed counts are a product's 2·p·q·r for (p, q) × (q, r), which
+    ``torch.utils.flop_counter`` counts too (tests/test_diagrams.py checks it).
+    """
+    _n_, _m, _dv = int(n), int(m), int(d_v)
+    left = 2 * _n_ * _n_ * _m + 2 * _n_ * _n_ * _dv
+    right = 4 * _n_ * _m * _dv
+    W, H = 800, 440
+    dr = Drawing(_name("linear_attention_orders", _n_, _m, _dv), W, H,
+                 f"Two orders for φ(Q)φ(K)ᵀV (n = {_n_}, m = {_m}, d_v = {_dv})",
+                 f"Top: (φ(Q)φ(K)ᵀ)V multiplies φ(Q), shape ({_n_}, {_m}), by φ(K)ᵀ, shape ({_m}, {_n_}), "
+                 f"into an n × n matrix of {_n_ * _n_:,} numbers, then by V: {left:,} FLOPs. Bottom: "
+                 f"φ(Q)(φ(K)ᵀV) first multiplies φ(K)ᵀ by V into an m × d_v state of {_m * _dv:,} numbers, "
+                 f"then φ(Q) by the state: {right:,} FLOPs. Both give the same output of shape "
+                 f"({_n_}, {_dv}); the order of the brackets decides the cost.")
+    tall, thin, big, small = 110, 26, 110, 40
+    for row, y in enumerate((66, 270)):
+        dr.text(20, y - 32, ("(φ(Q) φ(K)ᵀ) V — the n × n matrix first", "φ(Q) (φ(K)ᵀ V) — the m × d_{v} state first")[row],
+                16, anchor="start", weight="700")
+        _matrix(dr, 40, y, thin, tall, "φ(Q)", f"({_n_}, {_m})", BLUE, 13)
+        dr.text(100, y + tall / 2, "×", 18)
+        if row == 0:
+            _matrix(dr, 118, y + (tall - thin) / 2, big, thin, "φ(K)ᵀ", f"({_m}, {_n_})", ORANGE, 13)
+            dr.text(250, y + tall / 2, "=", 18)
+            _matrix(dr, 270, y, big, tall, "A", f"({_n_}, {_n_})", VERMILLION)
+            dr.text(398, y + tall / 2, "×", 18)
+            _matrix(dr, 414, y, thin, tall, "V", f"({_n_}, {_dv})", SKY, 13)
+            dr.text(466, y + tall / 2, "=", 18)
+        else:
+            dr.text(124, y + tall / 2, "(", 40)
+            _matrix(dr, 138, y + (tall - thin) / 2, big, thin, "φ(K)ᵀ", f"({_m}, {_n_})", ORANGE, 13)
+            dr.text(266, y + tall / 2, "×", 18)
+            _matrix(dr, 284, y, thin, tall, "V", f"({_n_}, {_dv})", SKY, 13)
+            dr.text(326, y + tall / 2, ")", 40)
+            dr.text(346, y + tall / 2, "=", 18)
+            _matrix(dr, 366, y + (tall - small) / 2 - 14, small, small, "S", f"({_m}, {_dv})", PURPLE)
+            dr.arrow((414, y + tall / 2), (474, y + tall / 2), label="φ(Q)·", size=13)
+        _matrix(dr, 486, y, thin, tall, "O", f"({_n_}, {_dv})", GREEN, 13)
+        flops, formula, stored, tail = ((left, "2n²m + 2n²d_{v}: grows as n²", f"stores n² = {_n_ * _n_:,}",
+                                         "numbers"),
+                                        (right, "2nmd_{v} + 2nmd_{v}: grows as n",
+                                         f"stores m·d_{{v}} = {_m * _dv:,}", "numbers, whatever n is"))[row]
+        dr.text(560, y + 18, f"{flops:,} FLOPs", 15, anchor="start", weight="600")
+        dr.text(560, y + 44, formula, 14, anchor="start")
+        dr.text(560, y + 72, stored, 14, anchor="start")
+        dr.text(560, y + 92, tail, 14, anchor="start")
+    dr.line((20, 216), (W - 20, 216), width=1, dashed=True)
+    dr.text(W / 2, H - 18, f"same output; the first order costs {left / right:.3g}× the second here "
+            "(the ratio is n(m + d_{v}) / 2md_{v})", 14)
+    return dr.diagram()
+
+
+def recurrent_state(alpha=None, m: int = 4, d_v: int = 4) -> Diagram:
+    """Causal linear attention's state as an m × d_v memory, written by an outer product, read by a query.
+
+    Write: S_t = S_{t−1} + k_t v_tᵀ (plain linear attention), or S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ
+    when ``alpha`` (one decay in (0, 1] per key dimension, length m) is given: row c of the old
+    state is multiplied by α_c before the new outer product is added (gated linear attention).
+    Read: o_t = S_tᵀ q_t, a weighted sum of the state's rows. Rows of S_{t−1} are shaded by α.
+    """
+    if alpha is not None:
+        alpha = tuple(float(a) for a in alpha)
+        m = len(alpha)
+    cell, top = 30, 96
+    gated = alpha is not None
+    gh = m * cell
+    W, H = 800, top + gh + 150
+    what = ("S_{t} = Diag(α_{t}) S_{t−1} + k_{t} v_{t}ᵀ,   α_{t} = (" + ", ".join(f"{a:g}" for a in alpha) + ")"
+            if gated else "S_{t} = S_{t−1} + k_{t} v_{t}ᵀ")
+    dr = Drawing(_name("recurrent_state", alpha, m, d_v), W, H,
+                 "The recurrent state of " + ("gated " if gated else "") + "linear attention",
+                 f"An {m} × {d_v} grid is the state S. The new key k_t (a column of {m} numbers) and value "
+                 f"v_t (a row of {d_v}) form the outer product k_t v_tᵀ, an {m} × {d_v} grid. "
+                 + ("Each row c of the previous state is first multiplied by its decay α_c, so rows with "
+                    "small α forget quickly. " if gated else "It is added to the previous state, which "
+                    "forgets nothing. ")
+                 + f"The query q_t then reads the state: o_t = S_tᵀ q_t, a row of {d_v} numbers. "
+                 f"The update is {_plain(what)}; the state's size does not depend on t.")
+
+    def grid(x, y, rows, cols, color, shades=None):
+        for i in range(rows):
+            for j in range(cols):
+                op = 0.12 + 0.55 * (shades[i] if shades else 0.6)
+                dr.rect(x + j * cell, y + i * cell, cell, cell, color, op, stroke=INK, width=0.6)
+
+    y0 = top
+    dr.text(20, 28, "write", 16, anchor="start", weight="700")
+    dr.text(20, 52, what, 14, anchor="start")
+    grid(20, y0, m, 1, ORANGE)
+    dr.text(20 + cell / 2, y0 - 14, "k_{t}", 14)
+    dr.text(20 + cell + 16, y0 + gh / 2, "⊗", 18)
+    grid(20 + cell + 32, y0 + gh / 2 - cell / 2, 1, d_v, SKY)
+    dr.text(20 + cell + 32 + d_v * cell / 2, y0 + gh / 2 - cell / 2 - 14, "v_{t}ᵀ", 14)
+    x_prev = 20 + cell + 32 + d_v * cell + 34
+    dr.text(x_prev - 16, y0 + gh / 2, "+", 20)
+    grid(x_prev, y0, m, d_v, PURPLE, shades=alpha)
+    if gated:
+        dr.text(x_prev + d_v * cell / 2, y0 - 14, "Diag(α_{t}) S_{t−1}", 14)
+        for i, a in enumerate(alpha):
+            dr.text(x_prev + 6 + d_v * cell, y0 + i * cell + cell / 2, f"× {a:g}", 13, anchor="start")
+        x_new = x_prev + d_v * cell + 76
+    else:
+        dr.text(x_prev + d_v * cell / 2, y0 - 14, "S_{t−1}", 14)
+        x_new = x_prev + d_v * cell + 36
+    dr.text(x_new - 18, y0 + gh / 2, "=", 20)
+    grid(x_new, y0, m, d_v, PURPLE)
+    dr.text(x_new + d_v * cell / 2, y0 - 14, "S_{t}", 14)
+    # read: the query weights the rows of S_t, the column sums give o_t under it
+    x_q = x_new + d_v * cell + 60
+    dr.text(x_q - 10, 28, "read", 16, anchor="start", weight="700")
+    dr.text(x_q - 10, 52, "o_{t} = S_{t}ᵀ q_{t}", 14, anchor="start")
+    grid(x_q, y0, m, 1, BLUE)
+    dr.text(x_q + cell / 2, y0 - 14, "q_{t}", 14)
+    dr.arrow((x_q - 6, y0 + gh / 2), (x_new + d_v * cell + 8, y0 + gh / 2))
+    y_o = y0 + gh + 40
+    dr.arrow((x_new + d_v * cell / 2, y0 + gh + 6), (x_new + d_v * cell / 2, y_o - 6))
+    grid(x_new, y_o, 1, d_v, GREEN)
+    dr.text(x_new + d_v * cell + 14, y_o + cell / 2, "o_{t}", 14, anchor="start")
+    note = ("rows of S_{t−1} shaded by their decay: α near 0 forgets, α = 1 keeps"
+            if gated else "nothing is ever forgotten: S_{t} is the sum of every k_{s}v_{s}ᵀ with s ≤ t")
+    dr.text(W / 2, H - 40, note, 14)
+    dr.text(W / 2, H - 18, f"the memory S holds m·d_{{v}} = {m * d_v} numbers at every step t", 14)
+    return dr.diagram()
+
+
+ALL += [linear_attention_orders, recurrent_state]
+
+
+# ----------------------------------------------------------------------------- chapter 07: FlashAttention
+
+def hbm_sram_loop(t_r: int = 4, t_c: int = 5, i: int = 1, j: int = 2) -> Diagram:
+    """FlashAttention-2's loop between HBM and on-chip SRAM, at query block i and key block j.
+
+    Left, HBM (large, slow): Q and O cut into t_r row blocks, K and V into t_c row blocks, and
+    the log-sum-exp L. Right, SRAM (small, fast): what one program holds: Q_i, the key and value
+    blocks K_j, V_j of the current step, the score tile S_ij, and per row m, ℓ and the
+    unnormalised output o. Arrows: Q_i is read once, K_j and V_j once per step (t_c steps),
+    O_i and L_i are written once, after the last step. S and P never reach HBM.
+    """
+    W, H = 900, 570
+    dr = Drawing(_name("hbm_sram_loop", t_r, t_c, i, j), W, H,
+                 f"FlashAttention-2 between HBM and SRAM: query block {i + 1} of {t_r}, key block {j + 1} of {t_c}",
+                 f"HBM on the left holds Q and O in {t_r} row blocks, K and V in {t_c} row blocks, and the "
+                 f"log-sum-exp L. SRAM on the right holds what one program works on: the query block Q_{i + 1}, "
+                 f"the current key and value blocks K_{j + 1} and V_{j + 1}, the score tile S = Q_{i + 1}K_{j + 1}ᵀ, "
+                 f"and per query row the running max m, normaliser ℓ and unnormalised output o. The outer loop "
+                 f"runs over query blocks (one program each, in parallel); the inner loop streams the {t_c} key "
+                 f"blocks through SRAM. Q_{i + 1} is read once, each K_j and V_j once per query block, and "
+                 f"O_{i + 1} and L_{i + 1} are written once at the end. The n × m matrices S and P never reach HBM.")
+    dr.text(165, 24, "HBM (off chip): large, slow", 16, weight="700")
+    dr.text(692, 24, "SRAM (on chip): small, fast", 16, weight="700")
+    dr.rect(15, 42, 320, 430, INK, 0.04, rx=10, dashed=True)
+    dr.rect(500, 42, 385, 430, GREEN, 0.06, rx=10)
+    # HBM matrices: Q, K, V, O as columns of blocks; L a thin column
+    top, height = 80, 340
+    cols = [("Q", 35, t_r, i, BLUE), ("K", 105, t_c, j, ORANGE), ("V", 175, t_c, j, ORANGE),
+            ("O", 245, t_r, i, PURPLE)]
+    for name, x, count, hot, color in cols:
+        dr.text(x + 24, top - 18, name, 16, weight="600")
+        bh = height / count
+        for b in range(count):
+            on = b == hot
+            dr.rect(x, top + b * bh, 48, bh, color, 0.55 if on else 0.12, stroke=INK if on else color,
+                    width=2 if on else 1)
+        dr.text(x + 24, top + hot * bh + bh / 2, f"{name}{_sub(hot + 1)}", 14, weight="600")
+    dr.text(311, top - 18, "L", 16, weight="600")
+    bh = height / t_r
+    for b in range(t_r):
+        dr.rect(303, top + b * bh, 16, bh, VERMILLION, 0.5 if b == i else 0.12, width=1)
+    dr.text(175, 448, "never stored: S, P (n × m)", 14, italic=True)
+    # SRAM contents
+    dr.box(515, 62, 105, 52, f"Q{_sub(i + 1)}", "B_{r} × d", BLUE)
+    dr.box(632, 62, 124, 52, f"K{_sub(j + 1)}, V{_sub(j + 1)}", "B_{c} × d each", ORANGE)
+    dr.box(515, 130, 241, 60, f"S = Q{_sub(i + 1)}K{_sub(j + 1)}ᵀ/√d,  P̃ = e^(S − m)", "B_{r} × B_{c} tile", SKY)
+    dr.rect(768, 62, 104, 128, GREEN, 0.12, rx=6)
+    for k, label in enumerate(["per row:", "m (max)", "ℓ (sum)", "o (B_{r} × d)"]):
+        dr.text(820, 82 + k * 30, label, 14, weight="600" if k == 0 else None)
+    loop = ["for each query block i (outer, in parallel):",
+            "  load Q_{i};  m = −∞, ℓ = 0, o = 0",
+            "  for each key block j (inner, in order):",
+            "    load K_{j}, V_{j};  S = Q_{i}K_{j}ᵀ/√d",
+            "    m' = max(m, rowmax S);  P̃ = e^(S − m')",
+            "    ℓ = e^(m − m')ℓ + rowsum P̃",
+            "    o = e^(m − m')o + P̃V_{j};  m = m'",
+            "  write O_{i} = o / ℓ,  L_{i} = m + log ℓ"]
+    for k, line in enumerate(loop):
+        indent = (len(line) - len(line.lstrip())) * 7
+        dr.text(516 + indent, 226 + k * 28, line.strip(), 14, anchor="start",
+                weight="600" if k in (0, 2) else None)
+    # traffic arrows between HBM blocks and SRAM
+    qy = top + i * (height / t_r) + height / t_r / 2
+    ky = top + j * (height / t_c) + height / t_c / 2
+    dr.arrow((83, qy), (380, qy), (513, 88), color=BLUE, width=2)
+    dr.arrow((223, ky), (430, ky), (630, 100), color=ORANGE, width=2)
+    wy = top + i * bh + bh - 10
+    dr.arrow((513, 180), (460, 180), (460, wy), (295, wy), color=PURPLE, width=2, dashed=True)
+    dr.text(385, qy - 12, "Q_{i}: once", 14, anchor="end" if qy > 140 else "middle")
+    dr.text(420, ky + 16, f"K_{{j}}, V_{{j}}: {t_r}×", 14, anchor="end")
+    dr.text(W / 2, 498, "solid: reads from HBM; dashed: the only writes (O_{i} and L_{i}, after the last key block)",
+            14)
+    dr.text(W / 2, 524, f"K and V cross the bus once per query block ({t_r}× in all); Q, O and L once: "
+            "B_{r} sets the traffic", 14)
+    dr.text(W / 2, 550, "FlashAttention-1 swaps the loops: K_{j}, V_{j} outer, and O_{i}, ℓ, m re-read and "
+            "re-written on every pass", 14)
+    return dr.diagram()
+
+
+def online_softmax_state(scores=(1.0, 3.0, 0.5, 2.0, 4.0, -1.0), values=(1.0, -1.0, 2.0, 0.0, 1.0, 3.0),
+                         block: int = 2) -> Diagram:
+    """The online softmax's state (m, ℓ, o) moving along one row of scores, ``block`` entries at a time.
+
+    Top: the scores s_j and values v_j (one number each, d_v = 1), in blocks. Under each block:
+    the state after it, m = running max, ℓ = Σ e^(s − m), o = Σ e^(s − m) v, all relative to the
+    current m; between states the factor e^(m − m') that rescales the old ℓ and o when the max
+    moves. At the end O = o/ℓ, which equals softmax(s)·v (computed here with torch).
+    """
+    s = torch.tensor([float(x) for x in scores], dtype=torch.float64)
+    v = torch.tensor([float(x) for x in values], dtype=torch.float64)
+    if s.shape != v.shape or s.numel() == 0 or block < 1:
+        raise ValueError(f"online_softmax_state: scores and values must be equal, non-empty lengths and "
+                         f"block >= 1, got {s.numel()}, {v.numel()}, block={block}")
+    states, m, l, o = [], float("-inf"), 0.0, 0.0
+    for start in range(0, s.numel(), block):
+        sb, vb = s[start:start + block], v[start:start + block]
+        m_new = max(m, sb.max().item())
+        factor = math.exp(m - m_new) if m != float("-inf") else 0.0
+        p = torch.exp(sb - m_new)
+        l = factor * l + p.sum().item()
+        o = factor * o + (p * vb).sum().item()
+        states.append((start, start + sb.numel(), m_new, l, o, factor, m))
+        m = m_new
+    exact = (torch.softmax(s, 0) @ v).item()
+    nb, cell = len(states), 56
+    gap = 64
+    bw = [(e - st) * cell for st, e, *_ in states]
+    W = int(max(40 + sum(bw) + gap * (nb - 1) + 40, 560))
+    H = 360
+    dr = Drawing(_name("online_softmax_state", tuple(s.tolist()), tuple(v.tolist()), block), W, H,
+                 f"The online softmax state (m, ℓ, o) along one row, {block} scores at a time",
+                 "One row of scores " + ", ".join(f"{x:g}" for x in s.tolist()) + " with values "
+                 + ", ".join(f"{x:g}" for x in v.tolist()) + f", read {block} at a time. After each block the "
+                 "state is the running max m, the sum ℓ of e^(s − m) and the sum o of e^(s − m)·v, both relative "
+                 "to the current m; when m grows, the old ℓ and o are multiplied by e^(m_old − m_new). The final "
+                 f"output o/ℓ = {o / l:.4f} equals softmax(s)·v = {exact:.4f}.")
+    x = 40
+    for k, (st, e, m_new, l_k, o_k, factor, m_old) in enumerate(states):
+        w = (e - st) * cell
+        dr.rect(x - 3, 44, w + 6, 94, PALETTE[k % len(PALETTE)], 0.08, rx=6)
+        for t in range(st, e):
+            cx = x + (t - st) * cell
+            dr.rect(cx + 3, 52, cell - 6, 36, BLUE, 0.18, rx=4)
+            dr.text(cx + cell / 2, 70, _minus(f"{s[t].item():g}"), 15)
+            dr.rect(cx + 3, 94, cell - 6, 36, ORANGE, 0.18, rx=4)
+            dr.text(cx + cell / 2, 112, _minus(f"{v[t].item():g}"), 15)
+        dr.arrow((x + w / 2, 140), (x + w / 2, 176))
+        dr.box(x - 3, 178, w + 6, 96, "", "", GREEN, fill_opacity=0.12)
+        for r, txt in enumerate([f"m = {m_new:.2f}", f"ℓ = {l_k:.3f}", f"o = {o_k:.3f}"]):
+            dr.text(x + w / 2, 200 + r * 26, _minus(txt), 14)
+        if k:
+            grew = m_new > m_old
+            dr.text(x - gap / 2 - 3, 208, "×" + (f"{factor:.2f}" if grew else "1"), 14,
+                    color=VERMILLION if grew else INK, weight="600")
+            dr.arrow((x - gap - 2, 226), (x - 5, 226), color=VERMILLION if grew else INK)
+        x += w + gap
+    dr.text(16, 70, "s", 15, italic=True)
+    dr.text(16, 112, "v", 15, italic=True)
+    dr.text(W / 2, 24, f"one row, read {block} scores at a time; the state after each block", 15, weight="600")
+    dr.text(W / 2, 306, "red: the max grew, so the old ℓ and o are rescaled by e^(m_old − m_new)", 14)
+    dr.text(W / 2, 336, _minus(f"at the end O = o / ℓ = {o / l:.4f} = softmax(s)·v = {exact:.4f}"), 15,
+            weight="700")
+    return dr.diagram()
+
+
+ALL += [hbm_sram_loop, online_softmax_state]
+
+
+# ----------------------------------------------------------------------------- chapter 08: sparse attention
+
+def window_kernel_tiles(n: int = 512, block: int = 64, window: int = 80, causal: bool = False,
+                        step: int = 3) -> Diagram:
+    """The score matrix of a sliding window cut into (B × B) tiles: full, partial and skipped.
+
+    A tile inside the band |i − j| ≤ w (causal: 0 ≤ i − j ≤ w) is full and needs no mask; a tile
+    the band's edge crosses is partial, computed whole and masked inside; every other tile is
+    skipped. The dashed lines are the band's edges; the thick outline is one step of the blocked
+    kernel (query block ``step``: B queries against the B + 2w keys they can see). The counts
+    come from :func:`attnlab.sparse.tile_classes` and :func:`attnlab.sparse.window_tiles`.
+    """
+    from . import sparse
+
+    if not (isinstance(n, int) and isinstance(block, int) and 0 < block <= n and n <= 16 * block):
+        raise ValueError(f"window_kernel_tiles: needs 0 < block <= n <= 16·block, got n={n}, block={block}")
+    if not isinstance(window, int) or window < 0:
+        raise ValueError(f"window_kernel_tiles: window must be a non-negative int, got {window!r}")
+    classes = sparse.tile_classes(sparse.sliding_window_mask(n, window, causal=causal), block)
+    t = classes.shape[0]
+    step = min(max(int(step), 0), t - 1)
+    full, partial = int((classes == 2).sum()), int((classes == 1).sum())
+    skipped = t * t - full - partial
+    visited = sparse.window_tiles(n, block, window, causal=causal)
+    assert visited == full + partial
+    G, x0, y0 = 400, 70, 70
+    px = G / n
+    W, H = 560, y0 + G + 250
+    kind = "causal " if causal else ""
+    dr = Drawing(_name("window_kernel_tiles", n, block, window, causal, step), W, H,
+                 f"Tiles of a {kind}sliding window: n = {n}, B = {block}, w = {window}",
+                 f"The {n} × {n} score matrix cut into {t} × {t} tiles of {block} × {block}. The band of "
+                 f"allowed pairs ({'0 ≤ i − j ≤ w' if causal else '|i − j| ≤ w'}, w = {window}) covers {full} "
+                 f"tiles completely (full: computed without a mask), crosses {partial} (partial: computed whole, "
+                 f"masked inside) and misses {skipped} (skipped). The kernel computes {visited} tiles where dense "
+                 f"attention computes {t * t}. One step of the kernel, query block {step + 1}, is outlined: "
+                 f"its queries against every key within w of them.")
+    hatch = dr.hatch()
+    dr.text(x0 + G / 2, y0 - 40, "keys j →", 15)
+    dr.text(x0 - 36, y0 + G / 2, "queries i →", 15, rotate=-90)
+    for i in range(t):
+        for j in range(t):
+            c = int(classes[i, j])
+            x, y = x0 + j * block * px, y0 + i * block * px
+            w_, h_ = min(block, n - j * block) * px, min(block, n - i * block) * px
+            if c == 2:
+                dr.rect(x, y, w_, h_, GREEN, 0.55, stroke=INK, width=0.8)
+            elif c == 1:
+                dr.rect(x, y, w_, h_, ORANGE, 0.35, stroke=INK, width=0.8)
+            else:
+                dr.rect(x, y, w_, h_, f"url(#{hatch})", 1, stroke=INK, width=0.8)
+    for i in range(t):
+        dr.text(x0 - 12, y0 + (i + 0.5) * block * px, str(i + 1), 13)
+        dr.text(x0 + (i + 0.5) * block * px, y0 - 14, str(i + 1), 13)
+
+    def edge(offset):  # the line j = i − offset inside the square
+        a, b = max(0, offset), min(n, n + offset)
+        dr.line((x0 + (a - offset) * px, y0 + a * px), (x0 + (b - offset) * px, y0 + b * px),
+                width=2, dashed=True)
+
+    for offset in ((0, window) if causal else (-window, window)):
+        edge(offset)
+    q0, q1 = step * block, min(step * block + block, n)
+    k0, k1 = max(q0 - window, 0), q1 if causal else min(q1 + window, n)
+    dr.rect(x0 + k0 * px, y0 + q0 * px, (k1 - k0) * px, (q1 - q0) * px, BLUE, 0.0, stroke=BLUE, width=3.5)
+    ly = y0 + G + 24
+    items = [(GREEN, 0.55, f"full: {full}", "no mask"),
+             (ORANGE, 0.35, f"partial: {partial}", "masked inside"),
+             (f"url(#{hatch})", 1, f"skipped: {skipped}", "never computed")]
+    for k, (color, op, label, sub) in enumerate(items):
+        lx = 20 + k * 180
+        dr.rect(lx, ly, 30, 30, color, op, stroke=INK, width=0.8)
+        dr.text(lx + 40, ly + 7, label, 15, anchor="start", weight="600")
+        dr.text(lx + 40, ly + 25, sub, 14, anchor="start")
+    dense = t * (t + 1) // 2 if causal else t * t
+    lines = [f"tiles computed: {visited} of {t * t} ({'causal ' if causal else ''}dense: {dense})",
+             "dashed: the band's edges, " + ("i − j = 0 and i − j = w" if causal else "i − j = ±w"),
+             f"blue: one kernel step, {q1 - q0} queries × {k1 - k0} keys",
+             f"(B + {'w' if causal else '2w'} keys, cut at the edges of the matrix)",
+             "a GPU computes a tile whole or skips it whole:",
+             "the saving is the skipped tiles"]
+    for k, line in enumerate(lines):
+        dr.text(20, ly + 62 + k * 24, line, 14, anchor="start", weight="600" if k in (0, 5) else None)
+    return dr.diagram()
+
+
+def rolling_cache(slots: int = 4, t: int = 9) -> Diagram:
+    """A sliding window's rolling KV cache after position t: S slots, position p in slot p mod S.
+
+    Top: positions 0..t; the last S (t − S + 1..t) are live, older ones were overwritten. Bottom:
+    the S slots with the position each holds, and the write pointer at slot t mod S (just
+    written). The live positions are exactly the keys a causal window of radius S − 1 lets
+    query t see; the slots are not in position order, which attention does not mind (a softmax
+    over keys does not depend on their order once positions are encoded in them).
+    """
+    if not (isinstance(slots, int) and isinstance(t, int) and 1 <= slots <= 8 and 0 <= t <= 15):
+        raise ValueError(f"rolling_cache: needs 1 <= slots <= 8 and 0 <= t <= 15, got slots={slots}, t={t}")
+    holds = [None] * slots
+    for p in range(t + 1):                      # the cache, written one position at a time
+        holds[p % slots] = p
+    live = [p for p in holds if p is not None]
+    cell, x0 = 46, 20
+    W = max(x0 * 2 + (t + 1) * cell, 40 + slots * 110, 520)
+    H = 430
+    dr = Drawing(_name("rolling_cache", slots, t), W, H,
+                 f"A rolling KV cache of {slots} slots after position {t}",
+                 f"Positions 0 to {t} were written in turn; position p goes to slot p mod {slots}. Live now: "
+                 f"positions {min(live)} to {max(live)}, one per slot (slot s holds "
+                 + ", ".join(f"{s}: {p}" for s, p in enumerate(holds) if p is not None)
+                 + f"); older positions were overwritten. The write pointer is at slot {t % slots}. Query {t} "
+                 f"attends to every live slot, exactly the window of the last {slots} positions; the cache "
+                 f"never grows.")
+    dr.text(x0, 26, "positions written so far (newest on the right)", 15, anchor="start", weight="600")
+    for p in range(t + 1):
+        x = x0 + p * cell
+        alive = p in live
+        dr.rect(x + 3, 46, cell - 6, 40, BLUE if alive else INK, 0.35 if alive else 0.06, rx=4,
+                stroke=BLUE if alive else INK, dashed=not alive)
+        dr.text(x + cell / 2, 66, str(p), 15, weight="600" if alive else None)
+    dr.text(x0, 104, f"dashed: overwritten; blue: live (the last {slots})", 14, anchor="start")
+    sy, sw = 200, 96
+    sx = (W - slots * (sw + 14)) / 2
+    dr.text(W / 2, sy + 142, f"the cache: {slots} slots, position p in slot p mod {slots}", 15, weight="600")
+    for s, p in enumerate(holds):
+        x = sx + s * (sw + 14)
+        newest = p == t
+        dr.rect(x, sy, sw, 54, GREEN if newest else SKY, 0.45 if newest else 0.2, rx=6,
+                stroke=INK if newest else None, width=2.5 if newest else 1.5)
+        dr.text(x + sw / 2, sy + 16, f"slot {s}", 14)
+        dr.text(x + sw / 2, sy + 37, "empty" if p is None else f"p = {p}", 15, weight="600")
+        if p is not None:
+            px_ = x0 + p * cell + cell / 2
+            dr.arrow((px_, 88), (x + sw / 2, sy - 4), color=GREEN if newest else INK,
+                     width=2 if newest else 1, dashed=not newest)
+    wx = sx + (t % slots) * (sw + 14) + sw / 2
+    dr.arrow((wx, sy + 96), (wx, sy + 58), color=GREEN, width=2.5)
+    dr.text(wx, sy + 110, f"write pointer: {t} mod {slots} = {t % slots}", 14, weight="600")
+    dr.text(W / 2, H - 44, f"query {t} reads all {len(live)} slots: the window i − {slots - 1} ≤ j ≤ i", 14)
+    dr.text(W / 2, H - 20, f"memory stays at {slots} slots however long the sequence", 14)
+    return dr.diagram()
+
+
+ALL += [window_kernel_tiles, rolling_cache]

@@ -5,9 +5,13 @@ Dao et al. 2022, "FlashAttention" (Algorithms 1 and 2, Theorem 2); Dao 2023,
 "FlashAttention-2" (the loop order and the log-sum-exp saved for the backward pass).
 
 Shapes as in :mod:`attnlab.attention`: q (b, h, n, d), k and v (b, h_kv, m, d).
-Tiles: block_q queries by block_k keys; no n x m matrix exists in either pass. This is a
-teaching implementation in plain PyTorch: on a CPU it saves memory, not time; on a GPU the
-same loop order is what a fused kernel runs in on-chip SRAM.
+Tiles: block_q queries by block_k keys; no n x m matrix exists in either pass. The loop order
+is FlashAttention-2's (outer loop over query blocks, normalisation deferred to the end). This is
+a teaching implementation in plain PyTorch: on a CPU it saves memory, not time; on a GPU the
+same loop order is what a fused kernel runs in on-chip SRAM (:mod:`attnlab.kernels` has one in
+Triton). The IO model counts HBM accesses for each paper's loop order with its own tile rule:
+:func:`hbm_accesses_flash` (FlashAttention-1, outer loop over K/V blocks) and
+:func:`hbm_accesses_flash2` (FlashAttention-2, outer loop over query blocks).
 """
 from __future__ import annotations
 
@@ -93,7 +97,8 @@ def _forward(q, k, v, scale, causal, block_q, block_k, trace=None):
         out[..., q0:q1, :] = out[..., q0:q1, :] * correction.unsqueeze(-1) + p @ v[..., k0:k1, :]
         row_max[..., q0:q1] = m_new
         if trace is not None:
-            trace.append({"tile": (q0, q1, k0, k1), "row_max": row_max.clone(), "row_sum": row_sum.clone(),
+            trace.append({"tile": (q0, q1, k0, k1), "p": p.clone(), "row_max": row_max.clone(),
+                          "row_sum": row_sum.clone(),
                           "out": out / row_sum.clamp_min(torch.finfo(row_sum.dtype).tiny).unsqueeze(-1)})
     empty = row_sum == 0                                                           # no allowed key at all
     out = out / torch.where(empty, torch.ones_like(row_sum), row_sum).unsqueeze(-1)
@@ -198,8 +203,10 @@ def flash_trace(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bo
                 block_q: int = 4, block_k: int = 4) -> tuple[torch.Tensor, list[dict]]:
     """Run the tiled forward and return (output, one snapshot per processed tile), for replays.
 
-    Each snapshot holds the tile's bounds and the running max m, normaliser ℓ and output
-    (normalised by the ℓ so far) of every row, after that tile. Shapes as in :func:`flash_attention`
+    Each snapshot holds the tile's bounds, ``"p"``: what the kernel holds for that tile,
+    P̃ = exp(S_ij − m_new) (b, h, B_q, B_k), unnormalised and relative to the running maximum
+    after the tile, and the running max m, normaliser ℓ and output (normalised by the ℓ so
+    far) of every row, after that tile. Shapes as in :func:`flash_attention`
     with h_kv = h.
     """
     _check_shapes(q, k, v, "flash_trace")
@@ -220,15 +227,69 @@ def hbm_accesses_standard(n: int, d: int) -> int:
     return 4 * n * d + 4 * n * n
 
 
-def hbm_accesses_flash(n: int, d: int, sram: int) -> int:
-    r"""HBM reads and writes (elements) of FlashAttention's forward (Algorithm 1), for SRAM of ``sram`` elements.
+def fa1_block_sizes(sram: int, d: int) -> tuple[int, int]:
+    r"""FlashAttention-1's tile sizes for SRAM of ``sram`` elements (Dao et al. 2022, Algorithm 1, line 1).
 
-    Blocks B_c = ⌈M / 4d⌉ keys and B_r = min(B_c, d) queries. Every one of the T_c = ⌈n / B_c⌉
-    outer iterations loads its K_j, V_j once (2nd in total) and streams all of Q, O and the
-    row statistics through (≈ 2nd + 2nd + 2n per pass). Total Θ(n² d² / M) once M ≥ d².
+    .. math:: B_c = \lceil M / 4d \rceil, \qquad B_r = \min(\lceil M / 4d \rceil, d)
+
+    so K_j and V_j take about M/4 each and the score tile B_r × B_c at most M/4.
+    Returns (B_r, B_c): query rows and key columns per tile.
+    """
+    _checks.at_least("fa1_block_sizes", 1, sram=sram, d=d)
+    block_c = math.ceil(sram / (4 * d))
+    return min(block_c, d), block_c
+
+
+def fa2_block_sizes(sram: int, d: int) -> tuple[int, int]:
+    r"""Square tiles for the FlashAttention-2 loop order: the largest B with B² + 4Bd ≤ M.
+
+    The working set of one step is Q_i and the accumulator O_i (B_r·d each), K_j and V_j
+    (B_c·d each) and the score tile (B_r·B_c); with B_r = B_c = B that is B² + 4Bd elements.
+    This rule is the book's model, not the paper's (FlashAttention-2 picks B_r, B_c from
+    {64, 128} by hand for each head dimension). Returns (B_r, B_c) = (B, B), at least 1.
+    """
+    _checks.at_least("fa2_block_sizes", 1, sram=sram, d=d)
+    block = math.isqrt(4 * d * d + sram) - 2 * d
+    while block > 1 and block * block + 4 * block * d > sram:  # isqrt rounds down; stay inside
+        block -= 1
+    return max(block, 1), max(block, 1)
+
+
+def hbm_accesses_flash(n: int, d: int, sram: int) -> int:
+    r"""HBM reads and writes (elements) of FlashAttention-1's forward (Dao et al. 2022, Algorithm 1).
+
+    Tiles from :func:`fa1_block_sizes`. The loop order is FlashAttention-1's: the **outer** loop
+    runs over the T_c = ⌈n / B_c⌉ key/value blocks, the inner loop over the query blocks.
+    Counted line by line: initialise O, ℓ, m in HBM (nd + 2n, line 2); load every K_j, V_j once
+    (2nd in all, line 6); and on each of the T_c outer passes, for every query block, load
+    Q_i, O_i, ℓ_i, m_i and write O_i, ℓ_i, m_i back (lines 8, 12, 13): 3nd + 4n per pass.
+
+    .. math:: \text{total} = nd + 2n + 2nd + \lceil n / B_c \rceil\,(3nd + 4n)
+              = \Theta(n^2 d^2 / M) \text{ once } M \ge 4d
+
+    (Theorem 2); against standard attention's 4nd + 4n² the ratio tends to M / 3d² for large n.
     """
     _checks.at_least("hbm_accesses_flash", 0, n=n)
     _checks.at_least("hbm_accesses_flash", 1, d=d, sram=sram)
-    block_c = math.ceil(sram / (4 * d))
+    _, block_c = fa1_block_sizes(sram, d)
     passes = math.ceil(n / block_c)
-    return 2 * n * d + passes * (4 * n * d + 4 * n)
+    return (n * d + 2 * n) + 2 * n * d + passes * (3 * n * d + 4 * n)
+
+
+def hbm_accesses_flash2(n: int, d: int, sram: int) -> int:
+    r"""HBM reads and writes (elements) of FlashAttention-2's forward (Dao 2023, Algorithm 1).
+
+    Tiles from :func:`fa2_block_sizes`. The loop order is FlashAttention-2's, the one
+    :func:`flash_attention` runs: the **outer** loop runs over the T_r = ⌈n / B_r⌉ query
+    blocks; Q_i, its accumulator and its statistics stay on chip, while all of K and V stream
+    past it once per query block. Read Q once (nd), read K and V T_r times (2nd each time),
+    write O and the log-sum-exp L once (nd + n):
+
+    .. math:: \text{total} = 2nd + n + \lceil n / B_r \rceil \, 2nd = \Theta(n^2 d / B_r)
+
+    so the traffic is set by B_r, the number of query rows that share one read of K and V.
+    """
+    _checks.at_least("hbm_accesses_flash2", 0, n=n)
+    _checks.at_least("hbm_accesses_flash2", 1, d=d, sram=sram)
+    block_r, _ = fa2_block_sizes(sram, d)
+    return 2 * n * d + n + math.ceil(n / block_r) * 2 * n * d

@@ -6,6 +6,10 @@ global tokens); Zaheer et al. 2020, "Big Bird" (window + global + random).
 
 Masks are boolean (n, n), True = may attend, row = query i, column = key j.
 A window w means: bidirectional, |i - j| <= w (2w + 1 keys); causal, i - w <= j <= i.
+
+What hardware computes is tiles: :func:`tile_classes` sorts the (B × B) tiles of a mask into
+empty, partial and full, as a block-sparse kernel (or FlexAttention's block mask, Dong et al.
+2024) does, and :func:`window_tiles` counts the tiles the blocked window kernel visits.
 """
 from __future__ import annotations
 
@@ -172,3 +176,48 @@ def sliding_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         weights = torch.softmax(scores.masked_fill(~_in_window(offset, window, causal), float("-inf")), dim=-1)
         out[..., q0:q1, :] = weights @ v[..., k0:k1, :]
     return out
+
+
+def tile_classes(mask: torch.Tensor, block: int) -> torch.Tensor:
+    """Classify the (block × block) tiles of a mask: 0 empty, 1 partial, 2 full.
+
+    A GPU kernel computes a tile of the score matrix whole or skips it whole, so what a sparse
+    pattern saves is its empty tiles; a full tile needs no mask, a partial one is computed whole
+    and masked inside (FlexAttention's block mask keeps exactly these three classes). Tiles at
+    the bottom and right edge are cut to the matrix (n need not be a multiple of ``block``).
+
+    Args: mask: (n, n) boolean, True = may attend; block: tile side B.
+    Returns: (⌈n/B⌉, ⌈n/B⌉) int8 tensor.
+    """
+    _check_mask("tile_classes", mask)
+    _checks.ints("tile_classes", block=block)
+    n = mask.shape[0]
+    t = math.ceil(n / block)
+    padded = torch.zeros(t * block, t * block, dtype=torch.int32)
+    inside = torch.zeros_like(padded)
+    padded[:n, :n] = mask.int()
+    inside[:n, :n] = 1
+    allowed = padded.view(t, block, t, block).sum((1, 3))     # allowed pairs per tile
+    cells = inside.view(t, block, t, block).sum((1, 3))       # pairs per tile (>= 1)
+    kinds = (allowed > 0).to(torch.int8)
+    kinds[allowed == cells] = 2
+    return kinds
+
+
+def window_tiles(n: int, block: int, window: int, *, causal: bool = False) -> int:
+    """Tiles of side B that the blocked window kernel computes: Σ over query blocks of the key
+    blocks that overlap its key range [q0 − w, q1 − 1 + w] (causal: [q0 − w, q1 − 1]).
+
+    Equals the number of non-empty (B × B) tiles of ``sliding_window_mask(n, window)``
+    (tests/test_sparse.py checks it); dense attention computes ⌈n/B⌉² tiles, causal dense
+    ⌈n/B⌉(⌈n/B⌉ + 1)/2.
+    """
+    _checks.ints("window_tiles", n=n, block=block)
+    _checks.ints("window_tiles", window=window, minimum=0)
+    total = 0
+    for q0 in range(0, n, block):
+        q1 = min(q0 + block, n)
+        first = max(q0 - window, 0) // block
+        last = (q1 - 1 if causal else min(q1 - 1 + window, n - 1)) // block
+        total += last - first + 1
+    return total
