@@ -109,3 +109,66 @@ def test_bad_input():
         linear_attention(q, k[..., :4, :], v)
     with pytest.raises(ValueError, match="be <= 0"):
         gated_linear_attention(q, k, v, torch.ones_like(k))
+
+
+@given(st.integers(1, 45), st.integers(1, 13), st.integers(1, 7), st.integers(0, 999))
+def test_gla_matmul_chunk_form_equals_recurrent(n, chunk, sub_chunk, seed):
+    """The hardware-efficient form (matrix products between sub-chunks, pairwise inside one)
+    equals the recurrence at odd lengths, chunks and sub-chunks, including sub_chunk > chunk."""
+    q, k, v = _qkv(n, seed=seed)
+    log_decay = -torch.rand(2, 3, n, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 3
+    rec = gated_linear_attention(q, k, v, log_decay)
+    fast = gated_linear_attention(q, k, v, log_decay, method="chunked_matmul", chunk=chunk, sub_chunk=sub_chunk)
+    assert torch.allclose(rec, fast, atol=1e-10)
+
+
+def test_gla_matmul_chunk_form_survives_strong_decay_in_float32():
+    """log α = −6 per token over a 64-token chunk: b reaches −384, so e^{−b} overflows float32.
+    The secondary chunks keep every factor ≤ 1, and the output stays finite and equal to the recurrence."""
+    q, k, v = (t.float() for t in _qkv(64, seed=5))
+    log_decay = torch.full_like(k, -6.0)
+    b = log_decay.cumsum(-2)
+    assert torch.isinf((-b).exp()).any()                       # the one-level form would overflow
+    rec = gated_linear_attention(q, k, v, log_decay)
+    fast = gated_linear_attention(q, k, v, log_decay, method="chunked_matmul", chunk=64, sub_chunk=8)
+    assert torch.isfinite(fast).all()
+    assert torch.allclose(rec, fast, atol=1e-5)
+
+
+def test_gla_bad_method_and_sub_chunk():
+    q, k, v = _qkv(5)
+    with pytest.raises(ValueError, match="method must be one of"):
+        gated_linear_attention(q, k, v, torch.zeros_like(k), method="fast")
+    with pytest.raises(ValueError, match="sub_chunk must be a positive int"):
+        gated_linear_attention(q, k, v, torch.zeros_like(k), method="chunked_matmul", sub_chunk=0)
+
+
+def test_favor_stabilised_features_survive_large_norms_and_keep_the_output():
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g) for _ in range(3))
+    q, k = 6 * q, 6 * k                          # ‖x̃‖²/2 ≈ 72 ± 25: whole rows reach 0 in float32
+    omega = orthogonal_gaussian(32, 16, seed=3)
+    raw = favor_feature(k, omega)
+    assert (raw == 0).all(-1).any()              # whole rows underflow in the raw form
+    for stabilise in ("row", "all"):
+        f = favor_feature(k, omega, stabilise=stabilise)
+        assert torch.isfinite(f).all() and f.max() <= 1 / 32 ** 0.5 + 1e-7
+    assert (favor_feature(k, omega, stabilise="row").amax(-1) == 1 / 32 ** 0.5).all()
+    # reference: raw features in float64 (no underflow there), the normalised output
+    fq, fk = favor_feature(q.double(), omega.double()), favor_feature(k.double(), omega.double())
+    exact = (fq @ (fk.transpose(-2, -1) @ v.double())) / (fq @ fk.sum(-2).unsqueeze(-1))
+    fq32, fk32 = favor_feature(q, omega), favor_feature(k, omega)
+    raw_out = (fq32 @ (fk32.transpose(-2, -1) @ v)) / (fq32 @ fk32.sum(-2).unsqueeze(-1))
+    assert not torch.isfinite(raw_out).all()     # 0/0 where a query's features all underflow
+    out = linear_attention(q, k, v, feature_map="favor", omega=omega)
+    assert torch.isfinite(out).all() and (out.double() - exact).abs().max() < 1e-4
+    # causal, at norms where the raw float32 features still work: all three forms agree
+    q3, k3 = q / 2, k / 2
+    fq, fk = favor_feature(q3.double(), omega.double()), favor_feature(k3.double(), omega.double())
+    a = (fq @ fk.transpose(-2, -1)).tril()
+    exact = (a @ v.double()) / a.sum(-1, keepdim=True)
+    for method in ("parallel", "recurrent", "chunked"):
+        out = linear_attention(q3, k3, v, feature_map="favor", omega=omega, causal=True, method=method, chunk=7)
+        assert (out.double() - exact).abs().max() < 1e-4, method
+    with pytest.raises(ValueError):
+        favor_feature(q, omega, stabilise="max")

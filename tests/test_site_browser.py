@@ -269,7 +269,8 @@ def test_review_page_schedules_answered_questions(browser, base_url):
     due = page.locator(".attnlab-review-due a")
     assert due.count() == 2
     due.first.click()
-    page.wait_for_timeout(1500)
+    page.wait_for_load_state("load")
+    page.wait_for_selector(".attnlab-quiz-target", timeout=20_000)   # a big page, a busy machine
     assert page.locator(".attnlab-quiz-target").count() == 1
     assert not errors
     context.close()
