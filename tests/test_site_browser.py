@@ -182,33 +182,41 @@ def test_every_quiz_question_is_answerable(browser, base_url, path):
     page.close()
 
 
-@pytest.mark.parametrize("scheme", ["http", "file"])
-def test_quiz_answers_are_kept_and_counted(browser, base_url, scheme):
-    """In one browser profile: answer a choice question right and another wrong, and a numeric
-    one; reload: the three answers are shown again and not counted twice; the progress page
-    counts them for their chapter; "Reset all my answers" forgets them. Over http:// and
-    file:// (where fetch and ES modules are blocked)."""
+def open_first_quiz(browser, root):
+    """The first chapter in a fresh browser profile: (context, page, page errors, bank, questions)."""
     from attnlab.quiz import load_quiz
 
     chapter = CHAPTERS[0]
-    bank = load_quiz(Path(chapter).stem)
-    root = base_url if scheme == "http" else SITE.as_uri()
     context = browser.new_context(viewport={"width": 1280, "height": 1600})
     page = context.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)[:300]))
     page.goto(f"{root}/{chapter}", wait_until="load")
     page.wait_for_timeout(1000)
-    wraps = page.locator(".Quiz")
+    return context, page, errors, load_quiz(Path(chapter).stem), page.locator(".Quiz")
+
+
+def answer_two_choice_questions(bank, wraps) -> dict[int, bool]:
+    """Answer the first choice question right and the second wrong: {question index: right}."""
     choice = [i for i, q in enumerate(bank) if q["type"] != "numeric"][:2]
-    numeric = [i for i, q in enumerate(bank) if q["type"] == "numeric"][:1]
-    expected = {}
     for i, want_right in zip(choice, (True, False)):
         buttons = wraps.nth(i).locator(".MCButton")
         marks = [buttons.nth(j).get_attribute("data-correct") == "true" for j in range(buttons.count())]
         wraps.nth(i).scroll_into_view_if_needed()
         buttons.nth(marks.index(want_right)).click()
-        expected[i] = want_right
+    return dict(zip(choice, (True, False)))
+
+
+@pytest.mark.parametrize("scheme", ["http", "file"])
+def test_quiz_answers_are_kept_and_counted(browser, base_url, scheme):
+    """In one browser profile: answer a choice question right and another wrong, and a numeric
+    one; reload: the three answers are shown again and not counted twice; the progress page
+    counts them for their chapter; "Reset all my answers" forgets them. Over http:// and
+    file:// (where fetch and ES modules are blocked)."""
+    root = base_url if scheme == "http" else SITE.as_uri()
+    context, page, errors, bank, wraps = open_first_quiz(browser, root)
+    expected = answer_two_choice_questions(bank, wraps)
+    numeric = [i for i, q in enumerate(bank) if q["type"] == "numeric"][:1]
     for i in numeric:
         field = wraps.nth(i).locator("input.Input-text")
         field.fill(numeric_entries(bank[i])[0])
@@ -241,22 +249,8 @@ def test_quiz_answers_are_kept_and_counted(browser, base_url, scheme):
 def test_review_page_schedules_answered_questions(browser, base_url):
     """FSRS on the review page: right after answering, nothing is due; thirty days later both
     answered questions are; a due question links to its place in its chapter, highlighted."""
-    from attnlab.quiz import load_quiz
-
-    chapter = CHAPTERS[0]
-    bank = load_quiz(Path(chapter).stem)
-    context = browser.new_context(viewport={"width": 1280, "height": 1600})
-    page = context.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)[:300]))
-    page.goto(f"{base_url}/{chapter}", wait_until="load")
-    page.wait_for_timeout(1000)
-    wraps = page.locator(".Quiz")
-    for i, want_right in zip([i for i, q in enumerate(bank) if q["type"] != "numeric"][:2], (True, False)):
-        buttons = wraps.nth(i).locator(".MCButton")
-        marks = [buttons.nth(j).get_attribute("data-correct") == "true" for j in range(buttons.count())]
-        wraps.nth(i).scroll_into_view_if_needed()
-        buttons.nth(marks.index(want_right)).click()
+    context, page, errors, bank, wraps = open_first_quiz(browser, base_url)
+    answer_two_choice_questions(bank, wraps)
     page.wait_for_timeout(200)
     page.goto(f"{base_url}/book/review.html", wait_until="load")
     page.wait_for_timeout(500)
