@@ -46,12 +46,13 @@ def test_receptive_field_grows_linearly_with_window_and_jumps_with_globals():
     assert torch.isclose(receptive_field(longformer_mask(n, w, [0]), 2)[-1], torch.tensor(1.0))
 
 
-@given(st.integers(1, 60), st.integers(0, 12), st.booleans(), st.integers(0, 999))
-def test_sliding_window_equals_masked_dense(n, window, causal, seed):
+@given(st.integers(1, 60), st.integers(0, 12), st.booleans(), st.integers(0, 999), st.integers(1, 16))
+def test_sliding_window_equals_masked_dense(n, window, causal, seed, block):
+    # block ≤ 16 < n for most draws: several query blocks, windows crossing block edges
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 2, n, 8, generator=g) for _ in range(3))
     mask = sliding_window_mask(n, window, causal=causal)
-    ours = sliding_window_attention(q, k, v, window, causal=causal)
+    ours = sliding_window_attention(q, k, v, window, causal=causal, block=block)
     exact = scaled_dot_product_attention(q.double(), k.double(), v.double(), mask)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert agrees(ours, theirs, exact, scale=v.abs().max().item()), error_ratio(ours, theirs, exact)

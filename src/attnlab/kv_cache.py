@@ -121,8 +121,10 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
     .. math:: \text{bytes} = 2 \cdot L \cdot h_{kv} \cdot d \cdot \min(N, w) \cdot b \cdot \text{bytes per element}
 
     (the 2 is K and V). ``n_layers`` counts the layers that *have* a cache (attention layers
-    only, in a hybrid). ``window`` is a sliding window w: a rolling buffer keeps only the last
-    w positions. Llama-2-7B (L = 32, h_kv = 32, d = 128) at N = 4096 in fp16 needs exactly 2 GiB.
+    only, in a hybrid). ``window`` is the number of positions a rolling buffer keeps, W (Mistral's
+    W, the cache's slots): the query and the W − 1 before it. In :mod:`attnlab.sparse`'s radius
+    convention that is a causal window of radius w = W − 1. Llama-2-7B (L = 32, h_kv = 32,
+    d = 128) at N = 4096 in fp16 needs exactly 2 GiB.
     """
     for name, value in (("n_layers", n_layers), ("n_kv_heads", n_kv_heads), ("head_dim", head_dim),
                         ("seq_len", seq_len), ("batch", batch)):

@@ -1,8 +1,9 @@
 """Sparse attention: which keys each query may see, and a sliding-window kernel that costs O(n·w).
 
 Read alongside: Child et al. 2019, "Generating Long Sequences with Sparse Transformers"
-(strided and fixed patterns); Beltagy et al. 2020, "Longformer" (sliding window, dilation,
-global tokens); Zaheer et al. 2020, "Big Bird" (window + global + random).
+(the strided pattern; its "fixed" pattern is not implemented here); Beltagy et al. 2020,
+"Longformer" (sliding window, dilation, global tokens); Zaheer et al. 2020, "Big Bird"
+(window + global + random).
 
 Masks are boolean (n, n), True = may attend, row = query i, column = key j.
 A window w means: bidirectional, |i - j| <= w (2w + 1 keys); causal, i - w <= j <= i.
@@ -60,6 +61,9 @@ def strided_mask(n: int, stride: int, *, causal: bool = True) -> torch.Tensor:
     """Sparse Transformer's strided pattern: the previous ``stride`` keys, plus every stride-th key.
 
     With stride ≈ √n each row has about 2√n keys, and any key is reachable in two layers.
+    Child et al.'s local part A(1) = {t, …, i}, t = max(0, i − l), with l the stride, holds
+    l + 1 positions; this keeps exactly s = l (offsets 0 … s − 1). The paper splits A(1) and A(2) across heads or
+    layers; this mask is their union.
     """
     _checks.ints("strided_mask", n=n, minimum=0)
     _checks.ints("strided_mask", stride=stride)
