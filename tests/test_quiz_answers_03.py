@@ -53,12 +53,12 @@ def test_03_fp16_three_positions():
     accepts("03-fp16-three-positions", first)
 
 
-def test_03_chinchilla_tokens_per_parameter():
-    from attnlab.scaling import CHINCHILLA
-    ratios = [d / n for n, d in map(CHINCHILLA.compute_optimal, (1e21, 1e25))]
-    assert ratios[0] < ratios[1]
-    assert correct_option("03-chinchilla-tokens-per-parameter") == (
-        f"About {round(ratios[0], -1):.0f} rising to about {round(ratios[1], -1):.0f}.")
+def test_03_refit_optimal_size_1e22():
+    from attnlab.scaling import BESIROGLU
+    n_opt, d_opt = BESIROGLU.compute_optimal(1e22)
+    n_search, _ = BESIROGLU.compute_optimal_search(1e22)          # brute force along 6ND = C
+    assert abs(n_opt / n_search - 1) < 1e-3 and 15 < d_opt / n_opt < 25
+    accepts("03-refit-optimal-size-1e22", n_opt / 1e9)
 
 
 def test_03_kaplan_eightfold_factor():
@@ -67,6 +67,9 @@ def test_03_kaplan_eightfold_factor():
     assert correct_option("03-kaplan-eightfold-factor").startswith(f"{factor:.3f} ")
 
 
-def test_03_llama13b_tokens_per_parameter():
+def test_03_llama13b_refit_tokens_per_parameter():
+    from attnlab.scaling import BESIROGLU
     n_params, n_tokens = 13.0e9, 1.0e12                         # quoted from Touvron et al. 2023
-    accepts("03-llama13b-tokens-per-parameter", n_tokens / n_params)
+    n_opt, d_opt = BESIROGLU.compute_optimal(6 * n_params * n_tokens)
+    assert n_tokens / n_params > 3 * d_opt / n_opt               # over-trained, on purpose
+    accepts("03-llama13b-refit-tokens-per-parameter", d_opt / n_opt)
