@@ -156,7 +156,8 @@ BAD = {
     "flash.flash_trace": [(lambda: flash.flash_trace(Q, Q, Q, block_q=0), "block_q")],
     "flash.hbm_accesses_standard": [(lambda: flash.hbm_accesses_standard(-1, 64), "n")],
     "flash.hbm_accesses_flash": [(lambda: flash.hbm_accesses_flash(1024, 64, 0), "sram")],
-    "flash.hbm_accesses_flash2": [(lambda: flash.hbm_accesses_flash2(1024, 0, 4096), "d")],
+    "flash.hbm_accesses_flash2": [(lambda: flash.hbm_accesses_flash2(1024, 0, 4096), "d"),
+                                  (lambda: flash.hbm_accesses_flash2(1024, 64, 4096, block_r=0), "block_r")],
     "flash.fa1_block_sizes": [(lambda: flash.fa1_block_sizes(0, 64), "sram")],
     "flash.fa2_block_sizes": [(lambda: flash.fa2_block_sizes(4096, -1), "d")],
     # kernels (the arguments are checked before Triton is imported, so these run without it)

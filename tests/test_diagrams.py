@@ -122,7 +122,10 @@ def test_linear_attention_orders_prints_counted_flops(n, m, d_v):
 
 def test_recurrent_state_draws_one_row_per_key_dimension_and_prints_the_decays():
     plain, gated = diagrams.recurrent_state(), diagrams.recurrent_state(alpha=(0.9, 0.2, 1.0))
-    assert "the memory S holds m·dv = 16 numbers at every step t" in "".join(_texts(plain))
+    assert "the state (S, z) holds m(dv + 1) = 20 numbers at every step t" in "".join(_texts(plain))
+    assert "the memory S holds m·dv = 12 numbers at every step t" in "".join(_texts(gated))
+    assert "zt" in _texts(plain) and "zt" not in _texts(gated)         # the normaliser, plain only
+    assert "φ(kt)" in _texts(plain) and "φ(qt)" in _texts(plain) and "kt" in _texts(gated)
     assert [t for t in _texts(gated) if t.startswith("× ")] == ["× 0.9", "× 0.2", "× 1"]
     assert "Diag(α" in gated.desc and "Diag(α" not in plain.desc
 
@@ -132,6 +135,8 @@ def test_hbm_sram_loop_names_the_blocks_it_highlights():
     assert "Q₃" in texts and "K₅" in texts and "V₅" in texts and "O₃" in texts
     assert any(t.startswith("K and V cross the bus once per query block (3×") for t in texts)
     assert "Q₃" in diagrams.hbm_sram_loop(3, 6, 2, 4).desc.replace("Q_3", "Q₃")
+    # the SRAM box and the loop use the same running max, m' (after the tile)
+    assert any("e^(S − m')" in t for t in texts) and not any(t.endswith("e^(S − m)") for t in texts)
 
 
 @pytest.mark.parametrize("scores,values,block", [((1.0, 3.0, 0.5, 2.0, 4.0, -1.0), (1.0, -1.0, 2.0, 0.0, 1.0, 3.0), 2),
@@ -148,6 +153,7 @@ def test_online_softmax_state_ends_at_softmax_times_v(scores, values, block):
     assert len(ms) == -(-len(scores) // block) and ms[-1] == round(row_max.item(), 2)
     ls = [float(t.split("=")[1]) for t in texts if t.startswith("ℓ = ")]
     assert ls[-1] == round(normaliser.item(), 3)
+    assert {"m₀ = −∞", "ℓ₀ = 0", "o₀ = 0"} <= set(_texts(dia))           # the empty state first
     with pytest.raises(ValueError, match="block"):
         diagrams.online_softmax_state((1.0,), (1.0,), 0)
 
@@ -161,6 +167,8 @@ def test_window_kernel_tiles_prints_the_library_tile_counts(n, block, window, ca
     assert f"full: {int((classes == 2).sum())}" in texts and f"partial: {int((classes == 1).sum())}" in texts
     assert f"skipped: {int((classes == 0).sum())}" in texts
     assert any(x.startswith(f"tiles computed: {window_tiles(n, block, window, causal=causal)} of {t * t} (") for x in texts)
+    labels = [x for x in texts if x.isdigit()]                  # block numbers along both axes, from 0
+    assert sorted(set(labels), key=int) == [str(i) for i in range(t)] and str(t) not in labels
     with pytest.raises(ValueError, match="block"):
         diagrams.window_kernel_tiles(64, 0, 4)
 
@@ -174,5 +182,21 @@ def test_rolling_cache_puts_position_p_in_slot_p_mod_s(slots, t):
     assert all(p % slots == i for i, p in enumerate(held)) or t + 1 < slots
     assert f"write pointer: {t} mod {slots} = {t % slots}" in texts
     assert texts.count("empty") == max(0, slots - t - 1)
+    svg = _svg(diagrams.rolling_cache(slots, t))
+    arrows = [e for e in svg.iter(NS + "path") if e.get("marker-end")]
+    assert len(arrows) == len(held) + 1                         # one per live slot, plus the write pointer
+    assert not any(e.get("stroke-dasharray") for e in arrows)   # live positions: solid (dashed = overwritten)
     with pytest.raises(ValueError, match="slots"):
         diagrams.rolling_cache(0, 3)
+
+
+@pytest.mark.parametrize("chunks,C", [(4, 4), (3, 5)])
+def test_chunk_decomposition_splits_the_causal_pairs(chunks, C):
+    dia = diagrams.chunk_decomposition(chunks, C)
+    n = chunks * C
+    diag, state = n * (C + 1) // 2, n * (n - C) // 2
+    assert diag + state == n * (n + 1) // 2
+    texts = _texts(dia)
+    assert sum(t.startswith("S") and t[1:].isdigit() for t in texts) == chunks   # one state per chunk
+    assert any(f"{diag} pairs in diagonal blocks" in t and f"{state} through the state" in t for t in texts)
+    assert f"{chunks} sequential steps instead of {n}" in "".join(texts)

@@ -105,6 +105,12 @@ def test_io_model_fa2_rereads_kv_once_per_query_block():
     assert block_r == block_c and block_r ** 2 + 4 * block_r * d <= sram < (block_r + 1) ** 2 + 4 * (block_r + 1) * d
     assert hbm_accesses_flash2(n, d, sram) == 2 * n * d + n + math.ceil(n / block_r) * 2 * n * d
     assert fa2_block_sizes(10, 64) == (1, 1)                       # nothing fits: one row at a time
+    # FlashAttention-2's own B_r: the forward's intensity, 4n²d FLOPs over 2 bytes per element,
+    # is about B_r FLOPs per byte (§7.6)
+    for b_r in (64, 128):
+        assert hbm_accesses_flash2(n, d, sram, block_r=b_r) == 2 * n * d + n + math.ceil(n / b_r) * 2 * n * d
+        intensity = 4 * 8192 ** 2 * 64 / (2 * hbm_accesses_flash2(8192, 64, 98_304, block_r=b_r))
+        assert 0.98 * b_r < intensity < b_r
 
 
 def test_io_advantage_collapses_as_d_grows():

@@ -152,3 +152,47 @@ def test_checker_passes_the_chapters_solution_and_reports_the_puzzle_unfinished(
     assert [r["status"] for r in kernels.check_kernel_file(wrong, cases=[(77, 130, 32, True, 64, 64)])] == ["wrong"]
     with pytest.raises(ValueError, match="path must be an existing kernel file"):
         kernels.check_kernel_file(tmp_path / "missing.py")
+
+
+@needs_triton
+def test_checker_catches_unmasked_accesses_and_wrong_head_offsets(tmp_path):
+    """The bounds check names a missing mask; three heads with n != m catch a head offset
+    that uses n for K; a kernel that ignores the head passes b·h = 1 but not b·h = 3."""
+    solution = _notebook_kernel("flash_kernel_solution.py")
+    one_head = (77, 130, 32, True, 64, 64)
+    three_heads = (96, 80, 16, False, 64, 64, 3)
+    q_load = "mask=rows[:, None] < n, other=0.0)              # STEP 1"
+    store = "acc / l_safe[:, None], mask=rows[:, None] < n)"
+    variants = {
+        "q_unmasked": solution.replace(",\n                " + q_load, ")")
+                              .replace(q_load, ")"),
+        "store_unmasked": solution.replace(store, "acc / l_safe[:, None])"),
+        "k_offset_uses_n": solution.replace("kv = bh * m * D", "kv = bh * n * D"),
+        "no_head_offset": solution.replace("Q + bh * n * D +", "Q +")
+                                  .replace("O + bh * n * D +", "O +")
+                                  .replace("kv = bh * m * D +", "kv ="),
+    }
+    for name, text in variants.items():
+        assert text != solution, name
+        (tmp_path / f"{name}.py").write_text(text)
+    results = kernels.check_kernel_file(tmp_path / "q_unmasked.py", cases=[one_head])
+    assert results[0]["status"] == "error" and "tl.load outside" in results[0]["detail"]
+    assert "mask missing" in results[0]["detail"]
+    results = kernels.check_kernel_file(tmp_path / "store_unmasked.py", cases=[one_head])
+    assert results[0]["status"] == "error" and "tl.store outside" in results[0]["detail"]
+    statuses = [r["status"] for r in kernels.check_kernel_file(tmp_path / "k_offset_uses_n.py",
+                                                              cases=[one_head, three_heads])]
+    assert statuses[0] == "pass" and statuses[1] != "pass"
+    statuses = [r["status"] for r in kernels.check_kernel_file(tmp_path / "no_head_offset.py",
+                                                              cases=[one_head, three_heads])]
+    assert statuses == ["pass", "wrong"]
+    assert [c[-1] for c in kernels.CHECK_CASES].count(3) == 1             # b·h = 3 is checked
+    assert any(c[4] != c[5] for c in kernels.CHECK_CASES)                 # BLOCK_Q != BLOCK_K
+
+
+@needs_triton
+def test_a_cpu_tensor_is_refused_where_triton_compiles_for_the_gpu(monkeypatch):
+    q, k, v = _qkv(1, 1, 16, 16, 16, 0)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")        # as on a machine with a CUDA GPU
+    with pytest.raises(ValueError, match="must be on it"):
+        kernels.triton_flash_attention(q, k, v)

@@ -161,21 +161,6 @@ def test_06_diff_attention_row_sum():
 
 # --------------------------------------------------------------------------- 07 FlashAttention
 
-def _tiles_visited(n: int, block: int) -> int:
-    from attnlab.flash import flash_trace
-    q = torch.randn(1, 1, n, 4, dtype=torch.float64)
-    _, trace = flash_trace(q, q, q, causal=True, block_q=block, block_k=block)
-    return len({snapshot["tile"] for snapshot in trace})
-
-
-def test_07_causal_tiles_visited():
-    assert correct_option("07-causal-tiles-visited").startswith(f"{_tiles_visited(16, 4)}:")
-
-
-def test_07_causal_tiles_n64():
-    accepts("07-causal-tiles-n64", _tiles_visited(64, 8))
-
-
 def test_07_backward_saved_numbers():
     from attnlab.flash import flash_forward
     q = torch.randn(1, 1, 4096, 64)

@@ -1,11 +1,12 @@
 """Transfer questions of chapter 07: each answer computed with attnlab (see test_quiz_answers.py).
 
-(The chapter's first three transfer questions, 07-causal-tiles-visited, 07-causal-tiles-n64 and
-07-backward-saved-numbers, are computed in tests/test_quiz_answers.py.)
+(07-backward-saved-numbers is computed in tests/test_quiz_answers.py.)
 """
+import math
+
 import torch
 
-from quiz_checks import accepts, flops
+from quiz_checks import accepts, correct_option, flops
 
 
 def _tiles(n: int, block: int, causal: bool = True) -> list[tuple[int, int, int, int]]:
@@ -57,3 +58,33 @@ def test_07_fa2_kv_reads():
     tiles = _tiles(4096, 128, causal=False)
     reads_of_first_key_block = sum(1 for (_, _, k0, _) in tiles if k0 == 0)   # once per query block
     accepts("07-fa2-kv-reads", reads_of_first_key_block)
+
+
+def test_07_merge_two_states():
+    from attnlab.ring import merge_partials
+    one = dict(dtype=torch.float64)
+    # (m, ℓ, o) -> (o/ℓ, m + log ℓ), the log-sum-exp form merge_partials takes
+    out_a, lse_a = torch.tensor([[3 / 1.5]], **one), torch.tensor([2 + math.log(1.5)], **one)
+    out_b, lse_b = torch.tensor([[-1 / 0.5]], **one), torch.tensor([4 + math.log(0.5)], **one)
+    out, _ = merge_partials(out_a, lse_a, out_b, lse_b)
+    accepts("07-merge-two-states", out.item())
+
+
+def test_07_crossover_d():
+    from attnlab.flash import hbm_accesses_flash, hbm_accesses_standard
+    sram, n = 49_152, 8192
+    crossover = min(d for d in range(8, 1025, 8)
+                    if hbm_accesses_flash(n, d, sram) >= hbm_accesses_standard(n, d))
+    accepts("07-crossover-d", crossover)
+    accepts("07-crossover-d", math.sqrt(sram / 3))
+
+
+def test_07_fa2_intensity_bound():
+    from attnlab.flash import hbm_accesses_flash2
+    n, d, sram, peak, bandwidth = 8192, 64, 98_304, 312e12, 2.039e12
+    intensity = 4 * n * n * d / (2 * hbm_accesses_flash2(n, d, sram, block_r=64))
+    assert intensity < peak / bandwidth                                  # memory-bound
+    share = intensity * bandwidth / peak
+    assert correct_option("07-fa2-intensity-bound").startswith(
+        f"Memory-bound: about {round(intensity)} FLOP/byte, below the ridge; the model allows "
+        f"about {share:.0%} of the peak.")

@@ -82,6 +82,18 @@ def test_page_loads_offline_without_errors(browser, base_url, path):
     page.close()
 
 
+@pytest.mark.parametrize("path", PAGES)
+def test_no_sideways_scrolling_on_a_phone(browser, base_url, path):
+    """At a 390-px-wide window nothing widens the page: long code scrolls inside its own box,
+    figures and tables fit or scroll inside themselves."""
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    page.goto(f"{base_url}/{path}", wait_until="load", timeout=60_000)
+    page.wait_for_timeout(500)
+    width, view = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert width <= view, f"{path}: the page is {width} px wide in a {view}-px window"
+    page.close()
+
+
 def test_every_chapter_is_listed():
     assert CHAPTERS, "no chapter pages were built"
 

@@ -524,7 +524,7 @@ def parameter_map(d_model: int = 768, d_ff: int = 3072, n_heads: int = 12) -> Di
     dr.text(x0, y_legend + 62, f"block total: 4·d_{{model}}² + 2·d_{{model}}·d_{{ff}} = {attn + ffn:,}", 16,
             anchor="start", weight="700")
     dr.text(x0, y_legend + 86, "biases and norms ignored; area ∝ number of parameters", 13, anchor="start")
-    dr.text(x0, y_legend + 108, f"thin lines: {h} heads of width d = {d // h}; they add no parameters", 13,
+    dr.text(x0, y_legend + 108, f"thin lines: {h} heads of width d_head = {d // h}; they add no parameters", 13,
             anchor="start")
     dr.text(x0, 20, "one block's weight matrices, drawn rows × columns", 14, anchor="start", weight="600")
     return dr.diagram()
@@ -601,10 +601,11 @@ def linear_attention_orders(n: int = 4096, m: int = 64, d_v: int = 64) -> Diagra
 def recurrent_state(alpha=None, m: int = 4, d_v: int = 4) -> Diagram:
     """Causal linear attention's state as an m × d_v memory, written by an outer product, read by a query.
 
-    Write: S_t = S_{t−1} + k_t v_tᵀ (plain linear attention), or S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ
-    when ``alpha`` (one decay in (0, 1] per key dimension, length m) is given: row c of the old
-    state is multiplied by α_c before the new outer product is added (gated linear attention).
-    Read: o_t = S_tᵀ q_t, a weighted sum of the state's rows. Rows of S_{t−1} are shaded by α.
+    Plain linear attention (``alpha`` None): write S_t = S_{t−1} + φ(k_t) v_tᵀ and the normaliser
+    z_t = z_{t−1} + φ(k_t); read o_t = S_tᵀ φ(q_t) / z_tᵀ φ(q_t). The state (S, z) holds m(d_v + 1)
+    numbers. Gated linear attention (``alpha``, one decay in (0, 1] per key dimension, length m):
+    S_t = Diag(α_t) S_{t−1} + k_t v_tᵀ, o_t = S_tᵀ q_t, no feature map and no normaliser; row c
+    of the old state is multiplied by α_c (rows of S_{t−1} are shaded by α).
     """
     if alpha is not None:
         alpha = tuple(float(a) for a in alpha)
@@ -613,17 +614,21 @@ def recurrent_state(alpha=None, m: int = 4, d_v: int = 4) -> Diagram:
     gated = alpha is not None
     gh = m * cell
     W, H = 800, top + gh + 150
+    key, query = ("k_{t}", "q_{t}") if gated else ("φ(k_{t})", "φ(q_{t})")
     what = ("S_{t} = Diag(α_{t}) S_{t−1} + k_{t} v_{t}ᵀ,   α_{t} = (" + ", ".join(f"{a:g}" for a in alpha) + ")"
-            if gated else "S_{t} = S_{t−1} + k_{t} v_{t}ᵀ")
+            if gated else "S_{t} = S_{t−1} + φ(k_{t}) v_{t}ᵀ,   z_{t} = z_{t−1} + φ(k_{t})")
+    read = "o_{t} = S_{t}ᵀ q_{t}" if gated else "o_{t} = S_{t}ᵀφ(q_{t}) / z_{t}ᵀφ(q_{t})"
+    size = m * d_v if gated else m * (d_v + 1)
     dr = Drawing(_name("recurrent_state", alpha, m, d_v), W, H,
                  "The recurrent state of " + ("gated " if gated else "") + "linear attention",
-                 f"An {m} × {d_v} grid is the state S. The new key k_t (a column of {m} numbers) and value "
-                 f"v_t (a row of {d_v}) form the outer product k_t v_tᵀ, an {m} × {d_v} grid. "
+                 f"An {m} × {d_v} grid is the state S. The new key {_plain(key)} (a column of {m} numbers) "
+                 f"and value v_t (a row of {d_v}) form the outer product, an {m} × {d_v} grid. "
                  + ("Each row c of the previous state is first multiplied by its decay α_c, so rows with "
                     "small α forget quickly. " if gated else "It is added to the previous state, which "
-                    "forgets nothing. ")
-                 + f"The query q_t then reads the state: o_t = S_tᵀ q_t, a row of {d_v} numbers. "
-                 f"The update is {_plain(what)}; the state's size does not depend on t.")
+                    "forgets nothing, and the key itself is added to the normaliser z, a column of "
+                    f"{m} numbers beside S. ")
+                 + f"The query {_plain(query)} then reads the state: {_plain(read)}, a row of {d_v} numbers. "
+                 f"The update is {_plain(what)}; the state holds {size} numbers whatever t is.")
 
     def grid(x, y, rows, cols, color, shades=None):
         for i in range(rows):
@@ -635,7 +640,7 @@ def recurrent_state(alpha=None, m: int = 4, d_v: int = 4) -> Diagram:
     dr.text(20, 28, "write", 16, anchor="start", weight="700")
     dr.text(20, 52, what, 14, anchor="start")
     grid(20, y0, m, 1, ORANGE)
-    dr.text(20 + cell / 2, y0 - 14, "k_{t}", 14)
+    dr.text(20 + cell / 2, y0 - 14, key, 14)
     dr.text(20 + cell + 16, y0 + gh / 2, "⊗", 18)
     grid(20 + cell + 32, y0 + gh / 2 - cell / 2, 1, d_v, SKY)
     dr.text(20 + cell + 32 + d_v * cell / 2, y0 + gh / 2 - cell / 2 - 14, "v_{t}ᵀ", 14)
@@ -653,21 +658,28 @@ def recurrent_state(alpha=None, m: int = 4, d_v: int = 4) -> Diagram:
     dr.text(x_new - 18, y0 + gh / 2, "=", 20)
     grid(x_new, y0, m, d_v, PURPLE)
     dr.text(x_new + d_v * cell / 2, y0 - 14, "S_{t}", 14)
+    x_end = x_new + d_v * cell
+    if not gated:                                  # the normaliser z_t beside S_t
+        grid(x_end + 10, y0, m, 1, VERMILLION)
+        dr.text(x_end + 10 + cell / 2, y0 - 14, "z_{t}", 14)
+        x_end += 10 + cell
     # read: the query weights the rows of S_t, the column sums give o_t under it
-    x_q = x_new + d_v * cell + 60
+    x_q = x_end + 60
     dr.text(x_q - 10, 28, "read", 16, anchor="start", weight="700")
-    dr.text(x_q - 10, 52, "o_{t} = S_{t}ᵀ q_{t}", 14, anchor="start")
+    dr.text(x_q - 10 if gated else W - 12, 52, read, 14, anchor="start" if gated else "end")
     grid(x_q, y0, m, 1, BLUE)
-    dr.text(x_q + cell / 2, y0 - 14, "q_{t}", 14)
-    dr.arrow((x_q - 6, y0 + gh / 2), (x_new + d_v * cell + 8, y0 + gh / 2))
+    dr.text(x_q + cell / 2, y0 - 14, query, 14)
+    dr.arrow((x_q - 6, y0 + gh / 2), (x_end + 8, y0 + gh / 2))
     y_o = y0 + gh + 40
     dr.arrow((x_new + d_v * cell / 2, y0 + gh + 6), (x_new + d_v * cell / 2, y_o - 6))
     grid(x_new, y_o, 1, d_v, GREEN)
-    dr.text(x_new + d_v * cell + 14, y_o + cell / 2, "o_{t}", 14, anchor="start")
-    note = ("rows of S_{t−1} shaded by their decay: α near 0 forgets, α = 1 keeps"
-            if gated else "nothing is ever forgotten: S_{t} is the sum of every k_{s}v_{s}ᵀ with s ≤ t")
+    dr.text(x_new + d_v * cell + 14, y_o + cell / 2,
+            "o_{t}" if gated else "o_{t}  (divided by z_{t}ᵀφ(q_{t}))", 14, anchor="start")
+    note = ("rows of S_{t−1} shaded by their decay: α near 0 forgets, α = 1 keeps; no normaliser"
+            if gated else "nothing is ever forgotten: S_{t} is the sum of every φ(k_{s})v_{s}ᵀ with s ≤ t")
     dr.text(W / 2, H - 40, note, 14)
-    dr.text(W / 2, H - 18, f"the memory S holds m·d_{{v}} = {m * d_v} numbers at every step t", 14)
+    dr.text(W / 2, H - 18, (f"the memory S holds m·d_{{v}} = {size} numbers at every step t" if gated else
+                            f"the state (S, z) holds m(d_{{v}} + 1) = {size} numbers at every step t"), 14)
     return dr.diagram()
 
 
@@ -711,15 +723,15 @@ def hbm_sram_loop(t_r: int = 4, t_c: int = 5, i: int = 1, j: int = 2) -> Diagram
             dr.rect(x, top + b * bh, 48, bh, color, 0.55 if on else 0.12, stroke=INK if on else color,
                     width=2 if on else 1)
         dr.text(x + 24, top + hot * bh + bh / 2, f"{name}{_sub(hot + 1)}", 14, weight="600")
-    dr.text(311, top - 18, "L", 16, weight="600")
+    dr.text(301, top - 18, "L", 16, weight="600")
     bh = height / t_r
     for b in range(t_r):
-        dr.rect(303, top + b * bh, 16, bh, VERMILLION, 0.5 if b == i else 0.12, width=1)
-    dr.text(175, 448, "never stored: S, P (n × m)", 14, italic=True)
+        dr.rect(293, top + b * bh, 16, bh, VERMILLION, 0.5 if b == i else 0.12, width=1)
+    dr.text(175, 462, "never stored: S, P (n × m)", 14, italic=True)
     # SRAM contents
     dr.box(515, 62, 105, 52, f"Q{_sub(i + 1)}", "B_{r} × d", BLUE)
     dr.box(632, 62, 124, 52, f"K{_sub(j + 1)}, V{_sub(j + 1)}", "B_{c} × d each", ORANGE)
-    dr.box(515, 130, 241, 60, f"S = Q{_sub(i + 1)}K{_sub(j + 1)}ᵀ/√d,  P̃ = e^(S − m)", "B_{r} × B_{c} tile", SKY)
+    dr.box(515, 130, 241, 60, f"S = Q{_sub(i + 1)}K{_sub(j + 1)}ᵀ/√d,  P̃ = e^(S − m')", "B_{r} × B_{c} tile", SKY)
     dr.rect(768, 62, 104, 128, GREEN, 0.12, rx=6)
     for k, label in enumerate(["per row:", "m (max)", "ℓ (sum)", "o (B_{r} × d)"]):
         dr.text(820, 82 + k * 30, label, 14, weight="600" if k == 0 else None)
@@ -736,14 +748,22 @@ def hbm_sram_loop(t_r: int = 4, t_c: int = 5, i: int = 1, j: int = 2) -> Diagram
         dr.text(516 + indent, 226 + k * 28, line.strip(), 14, anchor="start",
                 weight="600" if k in (0, 2) else None)
     # traffic arrows between HBM blocks and SRAM
+    # reads run down the gaps between the HBM columns to lanes under them, so no arrow
+    # crosses a matrix it does not come from
     qy = top + i * (height / t_r) + height / t_r / 2
     ky = top + j * (height / t_c) + height / t_c / 2
-    dr.arrow((83, qy), (380, qy), (513, 88), color=BLUE, width=2)
-    dr.arrow((223, ky), (430, ky), (630, 100), color=ORANGE, width=2)
-    wy = top + i * bh + bh - 10
-    dr.arrow((513, 180), (460, 180), (460, wy), (295, wy), color=PURPLE, width=2, dashed=True)
-    dr.text(385, qy - 12, "Q_{i}: once", 14, anchor="end" if qy > 140 else "middle")
-    dr.text(420, ky + 16, f"K_{{j}}, V_{{j}}: {t_r}×", 14, anchor="end")
+    lane_kv, lane_q = top + height + 12, top + height + 22
+    dr.arrow((83, qy), (94, qy), (94, lane_q), (486, lane_q), (486, 82), (513, 82),
+             color=BLUE, width=2)
+    for x_edge in (153, 223):                                 # K_j and V_j
+        dr.line((x_edge, ky), (x_edge + 11, ky), (x_edge + 11, lane_kv), (470, lane_kv),
+                color=ORANGE, width=2)
+    dr.arrow((470, lane_kv), (470, 52), (694, 52), (694, 60), color=ORANGE, width=2)
+    wy = top + i * bh + bh / 2
+    dr.arrow((513, 180), (455, 180), (455, wy), (311, wy), color=PURPLE, width=2, dashed=True)
+    dr.text(410, lane_q + 18, "Q_{i}: once", 14)
+    dr.text(410, lane_kv - 6, f"K_{{j}}, V_{{j}}: {t_r}×", 14)
+    dr.text(383, wy - 8, "O_{i}, L_{i}", 14)
     dr.text(W / 2, 498, "solid: reads from HBM; dashed: the only writes (O_{i} and L_{i}, after the last key block)",
             14)
     dr.text(W / 2, 524, f"K and V cross the bus once per query block ({t_r}× in all); Q, O and L once: "
@@ -757,6 +777,7 @@ def online_softmax_state(scores=(1.0, 3.0, 0.5, 2.0, 4.0, -1.0), values=(1.0, -1
                          block: int = 2) -> Diagram:
     """The online softmax's state (m, ℓ, o) moving along one row of scores, ``block`` entries at a time.
 
+    Left: the empty state (−∞, 0, 0), the merge's identity.
     Top: the scores s_j and values v_j (one number each, d_v = 1), in blocks. Under each block:
     the state after it, m = running max, ℓ = Σ e^(s − m), o = Σ e^(s − m) v, all relative to the
     current m; between states the factor e^(m − m') that rescales the old ℓ and o when the max
@@ -781,16 +802,21 @@ def online_softmax_state(scores=(1.0, 3.0, 0.5, 2.0, 4.0, -1.0), values=(1.0, -1
     nb, cell = len(states), 56
     gap = 64
     bw = [(e - st) * cell for st, e, *_ in states]
-    W = int(max(40 + sum(bw) + gap * (nb - 1) + 40, 560))
+    W = int(max(36 + 76 + gap + sum(bw) + gap * (nb - 1) + 40, 560))
     H = 360
     dr = Drawing(_name("online_softmax_state", tuple(s.tolist()), tuple(v.tolist()), block), W, H,
                  f"The online softmax state (m, ℓ, o) along one row, {block} scores at a time",
-                 "One row of scores " + ", ".join(f"{x:g}" for x in s.tolist()) + " with values "
+                 "The state starts empty, m = −∞, ℓ = 0, o = 0. One row of scores " + ", ".join(f"{x:g}" for x in s.tolist()) + " with values "
                  + ", ".join(f"{x:g}" for x in v.tolist()) + f", read {block} at a time. After each block the "
                  "state is the running max m, the sum ℓ of e^(s − m) and the sum o of e^(s − m)·v, both relative "
                  "to the current m; when m grows, the old ℓ and o are multiplied by e^(m_old − m_new). The final "
                  f"output o/ℓ = {o / l:.4f} equals softmax(s)·v = {exact:.4f}.")
-    x = 40
+    x, w0 = 36, 76                                           # the state before any key
+    dr.text(x + w0 / 2, 166, "start", 14, italic=True)
+    dr.box(x, 178, w0, 96, "", "", INK, fill_opacity=0.06)
+    for r, txt in enumerate(["m₀ = −∞", "ℓ₀ = 0", "o₀ = 0"]):
+        dr.text(x + w0 / 2, 200 + r * 26, txt, 14)
+    x += w0 + gap
     for k, (st, e, m_new, l_k, o_k, factor, m_old) in enumerate(states):
         w = (e - st) * cell
         dr.rect(x - 3, 44, w + 6, 94, PALETTE[k % len(PALETTE)], 0.08, rx=6)
@@ -804,7 +830,9 @@ def online_softmax_state(scores=(1.0, 3.0, 0.5, 2.0, 4.0, -1.0), values=(1.0, -1
         dr.box(x - 3, 178, w + 6, 96, "", "", GREEN, fill_opacity=0.12)
         for r, txt in enumerate([f"m = {m_new:.2f}", f"ℓ = {l_k:.3f}", f"o = {o_k:.3f}"]):
             dr.text(x + w / 2, 200 + r * 26, _minus(txt), 14)
-        if k:
+        if not k:                                            # from the empty state
+            dr.arrow((x - gap - 2, 226), (x - 5, 226))
+        else:
             grew = m_new > m_old
             dr.text(x - gap / 2 - 3, 208, "×" + (f"{factor:.2f}" if grew else "1"), 14,
                     color=VERMILLION if grew else INK, weight="600")
@@ -857,7 +885,7 @@ def window_kernel_tiles(n: int = 512, block: int = 64, window: int = 80, causal:
                  f"allowed pairs ({'0 ≤ i − j ≤ w' if causal else '|i − j| ≤ w'}, w = {window}) covers {full} "
                  f"tiles completely (full: computed without a mask), crosses {partial} (partial: computed whole, "
                  f"masked inside) and misses {skipped} (skipped). The kernel computes {visited} tiles where dense "
-                 f"attention computes {t * t}. One step of the kernel, query block {step + 1}, is outlined: "
+                 f"attention computes {t * t}. One step of the kernel, query block {step} (numbered from 0), is outlined: "
                  f"its queries against every key within w of them.")
     hatch = dr.hatch()
     dr.text(x0 + G / 2, y0 - 40, "keys j →", 15)
@@ -874,8 +902,8 @@ def window_kernel_tiles(n: int = 512, block: int = 64, window: int = 80, causal:
             else:
                 dr.rect(x, y, w_, h_, f"url(#{hatch})", 1, stroke=INK, width=0.8)
     for i in range(t):
-        dr.text(x0 - 12, y0 + (i + 0.5) * block * px, str(i + 1), 13)
-        dr.text(x0 + (i + 0.5) * block * px, y0 - 14, str(i + 1), 13)
+        dr.text(x0 - 12, y0 + (i + 0.5) * block * px, str(i), 13)        # blocks from 0, as in the code
+        dr.text(x0 + (i + 0.5) * block * px, y0 - 14, str(i), 13)
 
     def edge(offset):  # the line j = i − offset inside the square
         a, b = max(0, offset), min(n, n + offset)
@@ -899,7 +927,7 @@ def window_kernel_tiles(n: int = 512, block: int = 64, window: int = 80, causal:
     dense = t * (t + 1) // 2 if causal else t * t
     lines = [f"tiles computed: {visited} of {t * t} ({'causal ' if causal else ''}dense: {dense})",
              "dashed: the band's edges, " + ("i − j = 0 and i − j = w" if causal else "i − j = ±w"),
-             f"blue: one kernel step, {q1 - q0} queries × {k1 - k0} keys",
+             f"blue: one kernel step (query block {step}), {q1 - q0} queries × {k1 - k0} keys",
              f"(B + {'w' if causal else '2w'} keys, cut at the edges of the matrix)",
              "a GPU computes a tile whole or skips it whole:",
              "the saving is the skipped tiles"]
@@ -941,7 +969,8 @@ def rolling_cache(slots: int = 4, t: int = 9) -> Diagram:
         dr.rect(x + 3, 46, cell - 6, 40, BLUE if alive else INK, 0.35 if alive else 0.06, rx=4,
                 stroke=BLUE if alive else INK, dashed=not alive)
         dr.text(x + cell / 2, 66, str(p), 15, weight="600" if alive else None)
-    dr.text(x0, 104, f"dashed: overwritten; blue: live (the last {slots})", 14, anchor="start")
+    dr.text(x0, 104, f"dashed: overwritten; blue: live (the last {slots}), an arrow to its slot", 14,
+            anchor="start")
     sy, sw = 200, 96
     sx = (W - slots * (sw + 14)) / 2
     dr.text(W / 2, sy + 142, f"the cache: {slots} slots, position p in slot p mod {slots}", 15, weight="600")
@@ -955,7 +984,7 @@ def rolling_cache(slots: int = 4, t: int = 9) -> Diagram:
         if p is not None:
             px_ = x0 + p * cell + cell / 2
             dr.arrow((px_, 88), (x + sw / 2, sy - 4), color=GREEN if newest else INK,
-                     width=2 if newest else 1, dashed=not newest)
+                     width=2 if newest else 1.2)    # live positions: solid (dashed = overwritten)
     wx = sx + (t % slots) * (sw + 14) + sw / 2
     dr.arrow((wx, sy + 96), (wx, sy + 58), color=GREEN, width=2.5)
     dr.text(wx, sy + 110, f"write pointer: {t} mod {slots} = {t % slots}", 14, weight="600")
@@ -965,3 +994,66 @@ def rolling_cache(slots: int = 4, t: int = 9) -> Diagram:
 
 
 ALL += [window_kernel_tiles, rolling_cache]
+
+
+# ----------------------------------------------------------------------------- chapter 09: chunked linear attention
+
+def chunk_decomposition(chunks: int = 4, C: int = 4) -> Diagram:
+    """The causal weight matrix of linear attention split into chunks of C tokens.
+
+    Diagonal blocks (a chunk against itself, masked) are computed in the parallel form,
+    tril(φ(Q_c)φ(K_c)ᵀ)V_c; every block left of the diagonal is never formed: it reaches the
+    chunk through the carried state, φ(Q_c)S_c, with S_{c+1} = S_c + φ(K_c)ᵀV_c. Of the
+    n(n + 1)/2 causal pairs (n = chunks·C), n(C + 1)/2 lie in diagonal blocks and n(n − C)/2 go
+    through the state.
+    """
+    chunks, C = int(chunks), int(C)
+    n = chunks * C
+    diag_pairs, state_pairs = n * (C + 1) // 2, n * (n - C) // 2
+    cell = min(22, 300 // n)
+    side = n * cell
+    W, H = 800, max(side + 70, 150 + chunks * 66) + 80
+    x0, y0 = 40, 70
+    dr = Drawing(_name("chunk_decomposition", chunks, C), W, H,
+                 f"Chunked linear attention: {chunks} chunks of {C} tokens",
+                 f"The causal {n} × {n} weight matrix, queries down, keys across. The {chunks} diagonal "
+                 f"blocks, each a chunk against itself with the future masked, are computed in the "
+                 f"parallel form: {diag_pairs} pairs. The blocks left of the diagonal, {state_pairs} pairs, are "
+                 f"never formed: chunk c reads them through the state S_c, the sum of φ(k)vᵀ over all earlier "
+                 f"chunks, and the state is updated once per chunk, S_c+1 = S_c + φ(K_c)ᵀV_c. Above the "
+                 f"diagonal is the future, masked.")
+    dr.text(x0, 30, "the causal weight matrix (queries ↓, keys →)", 15, anchor="start", weight="700")
+    for i in range(n):
+        for j in range(i + 1):
+            same = i // C == j // C
+            dr.rect(x0 + j * cell, y0 + i * cell, cell, cell, ORANGE if same else PURPLE,
+                    0.5 if same else 0.18, stroke=INK, width=0.4)
+    for c in range(1, chunks):
+        dr.line((x0, y0 + c * C * cell), (x0 + c * C * cell, y0 + c * C * cell), width=2)
+        dr.line((x0 + c * C * cell, y0 + c * C * cell), (x0 + c * C * cell, y0 + side), width=2)
+    dr.rect(x0, y0, side, side, INK, 0.0, stroke=INK, width=1.5)
+    lx = x0 + side + 40
+    dr.rect(lx, 40, 18, 18, ORANGE, 0.5, stroke=INK, width=0.6)
+    dr.text(lx + 26, 54, "inside a chunk: the parallel form", 14, anchor="start", weight="600")
+    dr.text(lx + 26, 74, f"tril(φ(Q_{{c}})φ(K_{{c}})ᵀ)V_{{c}}: {diag_pairs} pairs", 14, anchor="start")
+    dr.rect(lx, 92, 18, 18, PURPLE, 0.18, stroke=INK, width=0.6)
+    dr.text(lx + 26, 106, "earlier chunks: through the state", 14, anchor="start", weight="600")
+    dr.text(lx + 26, 126, f"φ(Q_{{c}})S_{{c}}: {state_pairs} pairs, never formed", 14, anchor="start")
+    # the chain of states, one per chunk
+    bw, bh, gap = 64, 34, 66
+    for c in range(chunks):
+        by = 150 + c * gap
+        dr.box(lx + 40, by, bw, bh, f"S_{{{c}}}", color=PURPLE)
+        dr.text(lx + 40 + bw + 12, by + bh / 2 + 5, f"read by chunk {c}" + (" (S_{0} = 0)" if c == 0 else ""),
+                13, anchor="start")
+        if c + 1 < chunks:
+            dr.arrow((lx + 40 + bw / 2, by + bh + 2), (lx + 40 + bw / 2, by + gap - 2))
+            dr.text(lx + 40 + bw / 2 + 10, by + bh + (gap - bh) / 2 + 5, f"+ φ(K_{{{c}}})ᵀV_{{{c}}}", 13,
+                    anchor="start")
+    dr.text(W / 2, H - 44, f"n = {n}: {diag_pairs} pairs in diagonal blocks (n(C + 1)/2), "
+            f"{state_pairs} through the state (n(n − C)/2)", 14)
+    dr.text(W / 2, H - 20, f"one state update per chunk: {chunks} sequential steps instead of {n}", 14)
+    return dr.diagram()
+
+
+ALL += [chunk_decomposition]
