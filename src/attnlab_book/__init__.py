@@ -118,30 +118,27 @@ def _local_links(app, pagename, templatename, context, doctree):
 
 def _write_banks(app, exc):
     """``window.ATTNLAB_BANKS``: one entry per chapter with a quiz (bank name, page title, page
-    address, question ids), as a classic script so the progress page works from file:// too.
-    The banks are read as files: importing attnlab would import torch."""
+    address, question ids), and ``window.ATTNLAB_QUESTIONS`` (id -> question text), as classic
+    scripts so the progress and review pages work from file:// too. The banks are read as
+    files: importing attnlab would import torch."""
     if exc is not None or app.builder.format != "html":
         return
     package = Path(importlib.util.find_spec("attnlab").submodule_search_locations[0])
-    banks = []
+    banks, texts = [], {}      # texts: the questions, for the review page only (it loads them)
     for docname in app.env.found_docs:
         bank = package / "quizzes" / f"{Path(docname).name}.json"
         if docname.startswith("notebooks/") and bank.is_file():
+            questions = json.loads(bank.read_text(encoding="utf-8"))
             title = app.env.titles[docname].astext() if docname in app.env.titles else docname
-            ids = [q["id"] for q in json.loads(bank.read_text(encoding="utf-8"))]
-            banks.append({"bank": bank.stem, "title": title, "ids": ids,
+            banks.append({"bank": bank.stem, "title": title, "ids": [q["id"] for q in questions],
                           "url": app.builder.get_target_uri(docname)})
+            texts.update({q["id"]: q["question"] for q in questions})
     banks.sort(key=lambda b: b["bank"])
     static = Path(app.outdir) / "_static"
-    text = f"window.ATTNLAB_BANKS = {json.dumps(banks, ensure_ascii=False)};\n"
-    (static / BANKS_JS).write_text(text, encoding="utf-8")
-    # the question texts, for the review page only (it loads this file itself)
-    texts = {}
-    for b in banks:
-        bank = json.loads((package / "quizzes" / f"{b['bank']}.json").read_text(encoding="utf-8"))
-        texts.update({q["id"]: q["question"] for q in bank})
-    text = f"window.ATTNLAB_QUESTIONS = {json.dumps(texts, ensure_ascii=False)};\n"
-    (static / QUESTIONS_JS).write_text(text, encoding="utf-8")
+    for name, variable, value in ((BANKS_JS, "ATTNLAB_BANKS", banks),
+                                  (QUESTIONS_JS, "ATTNLAB_QUESTIONS", texts)):
+        text = f"window.{variable} = {json.dumps(value, ensure_ascii=False)};\n"
+        (static / name).write_text(text, encoding="utf-8")
 
 
 def setup(app):
