@@ -169,7 +169,7 @@
     var table = document.createElement("table");
     table.className = "table attnlab-progress";
     var head = table.createTHead().insertRow();
-    ["Chapter", "Questions", "Answered", "Right on the first try"].forEach(function (h) {
+    ["Chapter", "Questions", "Answered", "Right first try"].forEach(function (h) {
       var th = document.createElement("th"); th.textContent = h; head.appendChild(th);
     });
     var body = table.createTBody(), totals = { answered: 0, first: 0, total: 0 };
