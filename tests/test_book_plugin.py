@@ -1,9 +1,17 @@
-"""The book plugin's figure slimming: rounded floats, float32 binary arrays, nothing else."""
+"""The book plugin's page slimming: figures in their smallest exact form, plain code text."""
 import base64
 
 import numpy as np
 
-from attnlab_book import _slim
+from attnlab_book import CODE_BLOCK, TAG, _decoded, _round, _slim
+
+
+def spec(values, dtype):
+    array = np.asarray(values, dtype="<" + dtype)
+    out = {"dtype": dtype, "bdata": base64.b64encode(array.tobytes()).decode()}
+    if array.ndim == 2:
+        out["shape"] = f"{array.shape[0]}, {array.shape[1]}"
+    return out
 
 
 def test_slim_rounds_floats_and_halves_binary_arrays():
@@ -14,12 +22,68 @@ def test_slim_rounds_floats_and_halves_binary_arrays():
     slim = _slim(figure)
     assert slim["data"][0]["x"] == [0.3, 2, "a"]
     y = slim["data"][0]["y"]
-    assert y["dtype"] == "f4" and y["shape"] == "3"
-    decoded = np.frombuffer(base64.b64decode(y["bdata"]), dtype="<f4")
-    assert np.allclose(decoded, values, rtol=1e-6) and len(y["bdata"]) < len(figure["data"][0]["y"]["bdata"])
+    assert y["dtype"] == "f4"
+    assert np.allclose(_decoded(y), values, rtol=1e-6) and len(y["bdata"]) < len(figure["data"][0]["y"]["bdata"])
+    # short lists stay JSON, rounded
     assert slim["layout"]["sliders"][0]["steps"][0]["args"][0]["y"] == [[0.33333, 0.66667]]
 
 
-def test_slim_leaves_integer_arrays_alone():
-    ints = {"dtype": "i4", "bdata": base64.b64encode(np.arange(4, dtype="<i4").tobytes()).decode()}
-    assert _slim({"z": ints}) == {"z": ints}
+def test_whole_numbers_take_the_smallest_integer_type():
+    mask = np.tril(np.ones((20, 20)))
+    slim = _slim({"data": [{"type": "heatmap", "z": spec(mask, "f4")},
+                           {"y": list(range(-40, 40))}, {"y": spec(np.arange(70000), "i8")}]})
+    z, y, big = (slim["data"][0]["z"], slim["data"][1]["y"], slim["data"][2]["y"])
+    assert (z["dtype"], z["shape"]) == ("u1", "20, 20") and (_decoded(z) == mask).all()
+    assert y["dtype"] == "i1" and list(_decoded(y)) == list(range(-40, 40))
+    assert big["dtype"] == "u4" and (_decoded(big) == np.arange(70000)).all()
+
+
+def test_slider_steps_carry_typed_arrays_per_trace():
+    z0, z1 = np.random.default_rng(0).normal(size=(2, 8, 8))
+    step = {"args": [{"z": [z0.tolist(), z1.tolist()], "name": ["a", "b"]}, {"title.text": "t"}]}
+    slim = _slim({"data": [{"type": "heatmap"}], "layout": {"sliders": [{"steps": [step]}]}})
+    args = slim["layout"]["sliders"][0]["steps"][0]["args"]
+    assert [s["dtype"] for s in args[0]["z"]] == ["f4", "f4"] and args[0]["name"] == ["a", "b"]
+    assert np.allclose(_decoded(args[0]["z"][1]), z1, rtol=1e-4) and args[1] == {"title.text": "t"}
+
+
+def test_lists_that_are_not_numeric_arrays_stay_json():
+    trace = {"text": [str(i) for i in range(30)], "x": [[1, 2], [3]] * 10,
+             "colorscale": [[i / 20, "#000"] for i in range(21)]}
+    assert _slim({"data": [trace]})["data"][0] == trace
+
+
+def test_gaps_stay_gaps():
+    y = _slim({"data": [{"y": [0.123456, None] * 10}]})["data"][0]["y"]
+    assert y["dtype"] == "f4" and np.isnan(_decoded(y)[1::2]).all()
+    assert np.allclose(_decoded(y)[::2], 0.12346)
+
+
+def test_json_kept_where_it_is_shorter():
+    mask = [[1.0, 0.0, None, 1.0]] * 8          # whole numbers with gaps: "1,0,null,1"
+    assert _slim({"data": [{"z": mask}]})["data"][0]["z"] == [[1, 0, None, 1]] * 8
+
+
+def test_template_keeps_defaults_of_drawn_trace_types_only():
+    layout = {"template": {"data": {"scatter": [{}], "heatmap": [{}], "surface": [{}]},
+                           "layout": {"font": {"size": 12}}}}
+    slim = _slim({"data": [{"type": "heatmap"}, {"mode": "lines"}], "layout": layout})
+    assert set(slim["layout"]["template"]["data"]) == {"scatter", "heatmap"}
+    assert slim["layout"]["template"]["layout"] == {"font": {"size": 12}}
+
+
+def test_code_blocks_become_plain_text_for_the_browser_to_colour():
+    block = ('<div class="highlight-ipython3 notranslate"><div class="highlight"><pre><span></span>'
+             '<span class="n">x</span> <span class="o">=</span> <span class="mi">1</span> '
+             '<span class="o">&lt;</span> <span class="n">y</span></pre></div>')
+    plain = CODE_BLOCK.sub(lambda m: f"{m[1]} data-attnlab-hl>{TAG.sub('', m[2])}</pre>", block)
+    assert plain.endswith('<pre data-attnlab-hl>x = 1 &lt; y</pre></div>')
+
+
+def test_nan_becomes_a_json_gap():
+    import json
+
+    values = np.array([[1.5, np.nan], [np.nan, 2.25]] * 8)
+    figure = {"data": [{"z": spec(values, "f8")}]}
+    text = json.dumps(_round(figure, 4, lists=True), allow_nan=False)
+    assert '[1.5,null]' in text.replace(" ", "")

@@ -94,6 +94,41 @@ def test_no_sideways_scrolling_on_a_phone(browser, base_url, path):
     page.close()
 
 
+PAGE_BUDGET = 300_000  # bytes a chapter page loads of its own (issue 21)
+
+
+@pytest.fixture(scope="module")
+def loads(browser, base_url):
+    """Every chapter page loaded once: {page: {url: bytes}} of everything it fetched."""
+    seen = {}
+    for path in CHAPTERS:
+        page = browser.new_page(viewport={"width": 1280, "height": 1600})
+        sizes = {}
+        page.on("response", lambda r, sizes=sizes: r.url.startswith(base_url) and r.ok
+                and sizes.__setitem__(r.url.split("#")[0].split("?")[0], len(r.body())))
+        page.goto(f"{base_url}/{path}", wait_until="load", timeout=60_000)
+        page.wait_for_timeout(800)
+        seen[path] = sizes
+        page.close()
+    return seen
+
+
+def test_chapter_pages_are_light(loads, base_url):
+    """What a chapter page loads of its own (the page and anything outside the site's shared
+    ``_static/``, which holds plotly.js, MathJax, the widget manager and the theme) stays
+    within the budget. The build writes nothing page-specific into ``_static/``."""
+    shared = f"{base_url}/_static/"
+    own = {path: sum(n for url, n in sizes.items() if not url.startswith(shared))
+           for path, sizes in loads.items()}
+    print("\n".join(f"{n / 1000:7.1f} kB  {path}" for path, n in own.items()))
+    heavy = {path: n for path, n in own.items() if n > PAGE_BUDGET}
+    assert not heavy, f"over {PAGE_BUDGET // 1000} kB: {heavy}"
+    assert all(n > 20_000 for n in own.values()), "a page loaded almost nothing of its own"
+    static = {url for sizes in loads.values() for url in sizes if url.startswith(shared)}
+    named = [url for url in static for path in loads if Path(path).stem in url]
+    assert not named, f"page-specific files in _static/: {named}"
+
+
 def test_every_chapter_is_listed():
     assert CHAPTERS, "no chapter pages were built"
 

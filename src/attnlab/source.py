@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import html
 import inspect
+import re
 from pathlib import Path
 
 STYLE = "friendly"  # a light pygments style; the plate keeps it light in dark mode too
 PLATE = ("background:#f8f8f8;color:#1f1f1f;border:1px solid #d0d7de;border-radius:6px;"
          "padding:.4em .8em;margin:.4em 0;font-size:.85em;overflow-x:auto")
 PRE = "background:transparent;color:#1f1f1f;margin:0;padding:0;border:0;box-shadow:none"
+LINENOS = "color:#666;padding:0 .8em 0 .3em;user-select:none"
+CSS_CLASS = "attnlab-source-code"
+RULE = re.compile(r"^\.attnlab-source-code \.(\w+) \{[^}]*\}", re.M)
+UNSTYLED = re.compile(r'<span class="(\w+)">([^<]*)</span>')
+TOKEN_CLASS = re.compile(r'<span class="(\w+)">')
 
 
 class Source:
@@ -38,15 +44,23 @@ class Source:
         from pygments.formatters import HtmlFormatter
         from pygments.lexers import PythonLexer
 
-        # Its own class and inline pre styles, so the book theme's dark code colours stay out.
-        formatter = HtmlFormatter(style=STYLE, noclasses=True, linenos="inline",
-                                  linenostart=self.first_line, nobackground=True,
-                                  cssclass="attnlab-source-code", prestyles=PRE)
+        # Its own class, so the book theme's dark code colours stay out; one short class per
+        # token and a <style> holding only the rules this block uses (inline styles on every
+        # token made a page's source blocks three times larger).
+        formatter = HtmlFormatter(style=STYLE, linenos="inline", linenostart=self.first_line,
+                                  nobackground=True, cssclass=CSS_CLASS, prestyles=PRE)
         body = highlight(self.code, PythonLexer(), formatter)
+        rules = {m[1]: m[0] for m in RULE.finditer(formatter.get_style_defs(f".{CSS_CLASS}"))
+                 if m[1] != "w"}                    # a colour on spaces shows nothing
+        keep = set(rules) | {"linenos"}
+        body = UNSTYLED.sub(lambda m: m[0] if m[1] in keep else m[2], body)
+        used = sorted(set(TOKEN_CLASS.findall(body)) & set(rules))
+        css = " ".join(rules[c] for c in used) + f" .{CSS_CLASS} .linenos {{{LINENOS}}}"
         summary = (f"The library's version: <code>{html.escape(self.name)}</code> "
                    f"(<code>{html.escape(self.file)}</code>, line {self.first_line})")
         return (f'<details class="attnlab-source"{" open" if self.open else ""}>'
-                f'<summary>{summary}</summary><div style="{PLATE}">{body}</div></details>')
+                f'<summary>{summary}</summary><style>{css}</style>'
+                f'<div style="{PLATE}">{body}</div></details>')
 
     def __repr__(self) -> str:
         return f"# {self.name} ({self.file}, line {self.first_line})\n{self.code}"

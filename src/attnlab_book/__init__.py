@@ -16,33 +16,156 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLY_JS = "plotly.min.js"
+FIGURES_JS = "attnlab-figures.js"
 BANKS_JS = "attnlab-banks.js"
 QUESTIONS_JS = "attnlab-questions.js"
 
 
-def _slim(figure, digits: int = 5):
-    """The figure's JSON with every float rounded to ``digits`` significant digits and every
-    float64 binary array stored as float32: what a plot shows, in about 60% of the bytes
-    (the notebook keeps full precision; only the page is lightened)."""
+ARRAY_KEYS = {"x", "y", "z", "r", "theta", "color", "size", "array", "arrayminus", "base",
+              "values", "width", "customdata"}   # data arrays plotly.js accepts as typed arrays
+MIN_PACKED = 16   # shorter lists stay JSON: a typed array's header costs more than it saves
+
+
+def _typed(values, min_size: int = MIN_PACKED):
+    """A numeric array as plotly's typed-array spec ``{"dtype", "bdata", "shape"}`` in the
+    smallest exact type: whole numbers as the narrowest integer type that holds them, other
+    values as float32 (7 digits, beyond what a plot or its hover shows). None where the JSON
+    list is as short, and for anything else (strings, ragged lists, short lists); gaps stay gaps (NaN)."""
     import base64
 
     import numpy as np
 
-    if isinstance(figure, float):
-        return float(f"{figure:.{digits}g}")
-    if isinstance(figure, list):
-        return [_slim(v, digits) for v in figure]
-    if isinstance(figure, dict):
-        if figure.get("dtype") == "f8" and isinstance(figure.get("bdata"), str):
-            values = np.frombuffer(base64.b64decode(figure["bdata"]), dtype="<f8").astype("<f4")
-            return {**figure, "dtype": "f4", "bdata": base64.b64encode(values.tobytes()).decode()}
-        return {k: _slim(v, digits) for k, v in figure.items()}
-    return figure
+    try:                        # None (a gap) becomes NaN, which plotly.js also skips
+        array = np.asarray(values, dtype=float) if isinstance(values, list) else np.asarray(values)
+    except (TypeError, ValueError):     # strings, ragged lists
+        return None
+    if array.dtype.kind not in "biuf" or array.ndim not in (1, 2) or array.size < min_size:
+        return None
+    if array.dtype.kind == "f" and np.isinf(array).any():
+        return None
+    finite = array[np.isfinite(array)] if array.dtype.kind == "f" else array
+    dtype = "f4"                # also whole numbers beyond int32: 7 digits, as any float here
+    if finite.size == array.size and (finite == np.round(finite)).all():
+        low, high = int(array.min()), int(array.max())
+        dtype = next((t for t in ("u1", "i1", "u2", "i2", "u4", "i4")
+                      if np.iinfo(t).min <= low and high <= np.iinfo(t).max), "f4")
+    array = array.astype("<" + dtype)
+    spec = {"dtype": dtype, "bdata": base64.b64encode(array.tobytes()).decode()}
+    if array.ndim == 2:
+        spec["shape"] = f"{array.shape[0]}, {array.shape[1]}"
+    if isinstance(values, list) and len(json.dumps(values)) <= len(spec["bdata"]):
+        return None             # small whole numbers and gaps are shorter as JSON ("0,1,null")
+    return spec
+
+
+def _decoded(spec):
+    import base64
+
+    import numpy as np
+
+    array = np.frombuffer(base64.b64decode(spec["bdata"]), dtype="<" + spec["dtype"])
+    if "shape" in spec:
+        array = array.reshape([int(n) for n in str(spec["shape"]).split(",")])
+    return array
+
+
+def _round(value, digits: int, lists: bool = False):
+    """Every float rounded to ``digits`` significant digits; every typed array re-stored in
+    its smallest exact type (float64 becomes float32), or with ``lists`` written out as a
+    JSON list of rounded numbers (text that deflates well)."""
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return None         # JSON has no NaN: a gap, as plotly.py writes it
+        value = float(f"{value:.{digits}g}")
+        return int(value) if value.is_integer() and abs(value) < 1e15 else value   # "1", not "1.0"
+    if isinstance(value, list):
+        return [_round(v, digits, lists) for v in value]
+    if isinstance(value, dict):
+        if isinstance(value.get("bdata"), str) and isinstance(value.get("dtype"), str):
+            if lists:
+                array = _decoded(value)
+                return _round(array.astype(float).tolist() if array.dtype.kind == "f"
+                              else array.tolist(), digits, lists)
+            return _typed(_decoded(value), min_size=1) or value
+        return {k: _round(v, digits, lists) for k, v in value.items()}
+    return value
+
+
+def _pack_trace(trace):
+    """A trace (or a nested attribute of one) with its long numeric lists as typed arrays."""
+    out = {}
+    for key, value in trace.items():
+        if isinstance(value, dict) and "bdata" not in value:
+            value = _pack_trace(value)
+        elif key in ARRAY_KEYS and isinstance(value, list):
+            value = _typed(value) or value
+        out[key] = value
+    return out
+
+
+def _pack_restyle(update):
+    """A restyle object of a slider step or button (``{"z": [one value per trace]}``): each
+    trace's long numeric list as a typed array (plotly.js decodes them as it coerces)."""
+    out = {}
+    for key, value in update.items():
+        if key.rsplit(".", 1)[-1] in ARRAY_KEYS and isinstance(value, list):
+            value = [(_typed(v) or v) if isinstance(v, list) else v for v in value]
+        out[key] = value
+    return out
+
+
+def _slim_template(layout, data):
+    """Keep the template's per-trace defaults only for the trace types the figure draws."""
+    template = layout.get("template")
+    if isinstance(template, dict) and isinstance(template.get("data"), dict):
+        types = {t.get("type", "scatter") for t in data}
+        layout["template"] = {**template, "data": {k: v for k, v in template["data"].items()
+                                                   if k in types}}
+
+
+def _slim(figure, digits: int = 5):
+    """The figure's JSON as the page needs it: floats rounded to ``digits`` significant
+    digits, numeric arrays (also those a slider or button swaps in) as typed arrays in their
+    smallest exact type, the template's defaults only for trace types drawn. A plot shows
+    the same in a fraction of the bytes; the notebook keeps full precision."""
+    figure = _round(figure, digits)
+    if not isinstance(figure, dict):
+        return figure
+    data = [_pack_trace(t) for t in figure.get("data", [])]
+    layout = dict(figure.get("layout", {}))
+    for menu_key, item_key in (("sliders", "steps"), ("updatemenus", "buttons")):
+        menus = []
+        for menu in layout.get(menu_key, []):
+            items = []
+            for item in menu.get(item_key, []):
+                args = item.get("args")
+                if isinstance(args, list) and args and isinstance(args[0], dict):
+                    item = {**item, "args": [_pack_restyle(args[0]), *args[1:]]}
+                items.append(item)
+            menus.append({**menu, item_key: items})
+        if menu_key in layout:
+            layout[menu_key] = menus
+    _slim_template(layout, data)
+    frames = [{**f, "data": [_pack_trace(t) for t in f.get("data", [])]}
+              for f in figure.get("frames", [])]
+    return {**figure, "data": data, "layout": layout, **({"frames": frames} if frames else {})}
+
+
+def _deflated(figure) -> str:
+    """The figure's JSON, raw-deflated and base64-encoded (what ``attnlab-figures.js`` unpacks
+    with the browser's own ``DecompressionStream``)."""
+    import base64
+    import zlib
+
+    packer = zlib.compressobj(9, zlib.DEFLATED, -15)
+    text = json.dumps(figure, separators=(",", ":"), ensure_ascii=False).encode()
+    return base64.b64encode(packer.compress(text) + packer.flush()).decode()
 
 
 class PlotlyMimeRenderer:
@@ -51,22 +174,30 @@ class PlotlyMimeRenderer:
 
     @staticmethod
     def handle_mime(renderer, data, inline):
+        """An empty figure div carrying the figure compressed in ``data-attnlab-figure``.
+
+        The page ships the smaller of two encodings (typed arrays, or JSON at 4 significant
+        digits), deflated: masks and sliders that repeat themselves shrink tens of times.
+        ``attnlab-figures.js`` unpacks and draws it with the site's plotly.js; nothing is
+        fetched, so the figure, its hover and its kernel-free slider work on file:// too.
+        """
         if inline or data.mime_type != PLOTLY_MIME:
             return None
-        import plotly.io as pio
+        import uuid
+
         from docutils import nodes
 
-        html = pio.to_html(
-            _slim(data.content), include_plotlyjs=False, include_mathjax=False, full_html=False,
-            default_width="100%", default_height=480, validate=False,
-            config={"displaylogo": False},
-        )
+        payload = min((_deflated(_slim(data.content)), _deflated(_round(data.content, 4, lists=True))), key=len)
+        height = (data.content.get("layout") or {}).get("height") or 480
+        html = (f'<div id="{uuid.uuid4()}" class="plotly-graph-div" style="height:{height}px; '
+                f'width:100%;" data-attnlab-figure="{payload}"></div>')
         return [nodes.raw("", html, format="html", classes=["output", "text_html"])]
 
 
 def _add_plotly_js(app, pagename, templatename, context, doctree):
     if doctree is not None and "plotly-graph-div" in context.get("body", ""):
         app.add_js_file(PLOTLY_JS, priority=200)
+        app.add_js_file(FIGURES_JS, priority=210)
 
 
 def _copy_plotly_js(app, exc):
@@ -116,6 +247,78 @@ def _local_links(app, pagename, templatename, context, doctree):
         context["body"] = context["body"].replace(f'href="{base}', f'href="{up}')
 
 
+CODE_BLOCK = re.compile(r'(<div class="highlight-(?:ipython3|python3?) notranslate"><div class="highlight">'
+                        r'<pre)>(.*?)</pre>', re.S)
+TAG = re.compile(r"<[^>]+>")
+SOURCE_BLOCK = re.compile(r'<style>[^<]*</style>(<div style="[^"]*"><div class="attnlab-source-code">'
+                          r'<pre style="[^"]*")>(?:<span></span>)?<span class="linenos">(\d+)</span>'
+                          r'(.*?)</pre>', re.S)
+LINENO = re.compile(r'<span class="linenos">\d+</span>')
+HIGHLIGHT_JS = "attnlab-highlight.js"
+QUIZ_JS, QUIZ_CSS = "jupyterquiz.js", "jupyterquiz.css"
+
+
+def _plain_code(app, pagename, templatename, context, doctree):
+    """Ship Python code blocks as plain text for ``attnlab-highlight.js`` to colour.
+
+    Pygments wraps every token in a ``<span>``: about three bytes of markup per byte of code,
+    which made code the largest part of a chapter page. The script restores the same classes
+    in the browser (the theme's light and dark colours apply as before); the text, what
+    copy-paste and search see, is unchanged. The library's source blocks
+    (``attnlab.show_source``) lose their per-block stylesheet and line-number markup the same
+    way; the script adds the numbers back from ``data-first-line``.
+    """
+    body = context.get("body", "")
+    if "highlight-" in body:
+        body = CODE_BLOCK.sub(lambda m: f"{m[1]} data-attnlab-hl>{TAG.sub('', m[2])}</pre>", body)
+    if "attnlab-source-code" in body:   # attnlab.show_source: the script numbers the lines too
+        body = SOURCE_BLOCK.sub(lambda m: f'{m[1]} data-attnlab-hl data-first-line="{m[2]}">'
+                                          f"{TAG.sub('', LINENO.sub('', m[3]))}</pre>", body)
+    context["body"] = body
+
+
+def _jupyterquiz_parts() -> tuple[str, str]:
+    """The script and stylesheet that jupyterquiz pastes into every quiz output, read from its
+    package exactly as its renderer joins them."""
+    from importlib.resources import files
+
+    package = files("jupyterquiz")
+    js = "".join(f.read_text(encoding="utf-8") for f in sorted(package.joinpath("js").iterdir(),
+                                                                 key=lambda f: f.name)
+                 if f.name.endswith(".js"))
+    return js, package.joinpath("styles.css").read_text(encoding="utf-8")
+
+
+def _shared_quiz_code(app, pagename, templatename, context, doctree):
+    """Load jupyterquiz's script and stylesheet once for the site instead of inline per quiz.
+
+    Each quiz output carries the whole library (about 40 kB); a page keeps only its questions
+    and the call that draws them, and loads the shared copies (``_static``), written at the
+    end of the build by ``_copy_quiz_code``.
+    """
+    body = context.get("body", "")
+    if "show_questions(" not in body:
+        return
+    js, css = _jupyterquiz_parts()
+    if js not in body:
+        raise RuntimeError(f"{pagename}: jupyterquiz's inline script is not the package's; "
+                           "update attnlab_book._shared_quiz_code")
+    # The inline guard asks whether the library's class Question is defined yet: it now is,
+    # by the shared script, so the quiz must be drawn unconditionally.
+    context["body"] = (body.replace(js, "").replace(css, "")
+                       .replace("if (typeof Question === 'undefined') {\n", "{\n"))
+    app.add_js_file(QUIZ_JS, priority=200)
+    app.add_css_file(QUIZ_CSS)
+
+
+def _copy_quiz_code(app, exc):
+    if exc is None and app.builder.format == "html":
+        js, css = _jupyterquiz_parts()
+        static = Path(app.outdir) / "_static"
+        (static / QUIZ_JS).write_text(js, encoding="utf-8")
+        (static / QUIZ_CSS).write_text(css, encoding="utf-8")
+
+
 def _write_banks(app, exc):
     """``window.ATTNLAB_BANKS``: one entry per chapter with a quiz (bank name, page title, page
     address, question ids), and ``window.ATTNLAB_QUESTIONS`` (id -> question text), as classic
@@ -145,8 +348,11 @@ def setup(app):
     app.add_js_file(BANKS_JS)
     app.connect("html-page-context", _local_links)
     app.connect("html-page-context", _add_plotly_js)
+    app.connect("html-page-context", _plain_code)
+    app.connect("html-page-context", _shared_quiz_code)
     app.connect("html-page-context", _drop_thebe, priority=900)  # after every script is added
     app.connect("html-page-context", _drop_idle_widget_manager, priority=900)
     app.connect("build-finished", _copy_plotly_js)
     app.connect("build-finished", _write_banks)
+    app.connect("build-finished", _copy_quiz_code)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
