@@ -3,7 +3,7 @@ import base64
 
 import numpy as np
 
-from attnlab_book import CODE_BLOCK, TAG, _decoded, _round, _slim
+from attnlab_book import CODE_BLOCK, TAG, _decoded, _round, _round_heatmaps, _slim
 
 
 def spec(values, dtype):
@@ -87,3 +87,16 @@ def test_nan_becomes_a_json_gap():
     figure = {"data": [{"z": spec(values, "f8")}]}
     text = json.dumps(_round(figure, 4, lists=True), allow_nan=False)
     assert '[1.5,null]' in text.replace(" ", "")
+
+
+def test_heatmaps_keep_a_thousandth_of_their_largest_value():
+    z = [[0.123456, 1.98765, 3e-9]] * 8
+    step = {"args": [{"z": [z, None], "y": [None, [0.123456] * 20]}, {}, [0, 1]]}
+    figure = {"data": [{"type": "heatmap", "z": z}, {"type": "scatter", "y": [0.123456] * 20}],
+              "layout": {"sliders": [{"steps": [step]}]}}
+    out = _round_heatmaps(figure)
+    assert out["data"][0]["z"][0] == [0.123, 1.988, 0] and out["data"][1] == figure["data"][1]
+    args = out["layout"]["sliders"][0]["steps"][0]["args"]
+    assert args[0]["z"][0][0] == [0.123, 1.988, 0] and args[0]["y"] == step["args"][0]["y"]
+    big = _round_heatmaps({"data": [{"type": "heatmap", "z": spec([[1234.5678, 5.5]] * 8, "f8")}]})
+    assert big["data"][0]["z"][0] == [1235, 6]     # a step of 1: the power of ten under 1234/1000

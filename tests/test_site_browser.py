@@ -114,17 +114,18 @@ def loads(browser, base_url):
 
 
 def test_chapter_pages_are_light(loads, base_url):
-    """What a chapter page loads of its own (the page and anything outside the site's shared
-    ``_static/``, which holds plotly.js, MathJax, the widget manager and the theme) stays
-    within the budget. The build writes nothing page-specific into ``_static/``."""
-    shared = f"{base_url}/_static/"
+    """What a chapter page loads of its own (the page and anything it fetches except the site's
+    shared files: ``_static/``, which holds plotly.js, MathJax, the widget manager and the
+    theme, and the site's search index) stays within the budget. The build writes nothing
+    page-specific into ``_static/``."""
+    shared = (f"{base_url}/_static/", f"{base_url}/searchindex.js")
     own = {path: sum(n for url, n in sizes.items() if not url.startswith(shared))
            for path, sizes in loads.items()}
     print("\n".join(f"{n / 1000:7.1f} kB  {path}" for path, n in own.items()))
     heavy = {path: n for path, n in own.items() if n > PAGE_BUDGET}
     assert not heavy, f"over {PAGE_BUDGET // 1000} kB: {heavy}"
     assert all(n > 20_000 for n in own.values()), "a page loaded almost nothing of its own"
-    static = {url for sizes in loads.values() for url in sizes if url.startswith(shared)}
+    static = {url for sizes in loads.values() for url in sizes if url.startswith(shared[0])}
     named = [url for url in static for path in loads if Path(path).stem in url]
     assert not named, f"page-specific files in _static/: {named}"
 
@@ -157,6 +158,11 @@ def test_chapter_figures_sliders_quiz_and_math(browser, base_url, path):
         page.mouse.click(x, box["y"] + box["height"] / 2)
         page.wait_for_timeout(600)
         assert fig.evaluate(state) != before, f"slider figure {i} did not change"
+
+    # Code arrives as text (long cells packed) and is unpacked and coloured in the browser.
+    assert page.locator("pre[data-attnlab-hl]").count() == 0, "code left uncoloured"
+    assert page.locator("div.cell_input pre span.k").count() > 0, "no keyword coloured"
+    assert "import" in page.locator("div.cell_input pre").first.inner_text()
 
     # Every quiz question is answered, right and once wrong (test_every_quiz_question_is_answerable).
     assert page.locator(".MCButton").count() >= 8

@@ -5,7 +5,10 @@
  * code-heavy page. This script puts the colours back with the same Pygments class names
  * (k, kn, kc, ow, nb, bp, nf, nc, nd, s2, s1, sa, c1, mi, mf, o), so the theme's light and dark
  * code colours apply unchanged. Names and punctuation stay unwrapped: the theme draws them
- * in the block's own text colour. Without JavaScript the code is plain and still readable.
+ * in the block's own text colour. A long block arrives packed (raw deflate, base64, in
+ * data-deflated: a quarter of the bytes) and is unpacked first with the browser's own
+ * DecompressionStream, as the figures are; so do long printed outputs (pre[data-attnlab-text])
+ * and the concept diagrams' SVG (data-deflated-html).
  * The library's source blocks (attnlab.show_source) come the same way, with their first line
  * number in data-first-line; their colours are in attnlab.css (a light plate in both themes).
  */
@@ -72,17 +75,44 @@
     return out.join("");
   }
 
+  function unpack(text) {     // raw-deflated, base64 (attnlab_book._packed)
+    var bytes = Uint8Array.from(atob(text), function (c) { return c.charCodeAt(0); });
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate-raw"));
+    return new Response(stream).text();
+  }
+
+  function show(pre, code) {
+    var html = colour(code), first = pre.getAttribute("data-first-line");
+    if (first !== null) {         // attnlab.show_source: number the lines from the first
+      var n = parseInt(first, 10), lines = html.split("\n");
+      var width = String(n + lines.length - 1).length;
+      html = lines.map(function (line, i) {
+        return '<span class="linenos">' + String(n + i).padStart(width) + "</span>" + line;
+      }).join("\n");
+    }
+    pre.innerHTML = html;
+    pre.removeAttribute("data-attnlab-hl");
+  }
+
+  function unpackInto(el, attribute, put) {
+    var packed = el.getAttribute(attribute);
+    el.removeAttribute(attribute);
+    unpack(packed).then(put).catch(function (err) {
+      el.textContent = "This part of the page could not be unpacked here (" + err + ").";
+      console.error("attnlab unpack", err);
+    });
+  }
+
   function run() {
     document.querySelectorAll("pre[data-attnlab-hl]").forEach(function (pre) {
-      var html = colour(pre.textContent), first = pre.getAttribute("data-first-line");
-      if (first !== null) {       // attnlab.show_source: number the lines from the first
-        var n = parseInt(first, 10);
-        html = html.split("\n").map(function (line, i) {
-          return '<span class="linenos">' + (n + i) + "</span>" + line;
-        }).join("\n");
-      }
-      pre.innerHTML = html;
-      pre.removeAttribute("data-attnlab-hl");
+      if (!pre.hasAttribute("data-deflated")) return show(pre, pre.textContent);
+      unpackInto(pre, "data-deflated", function (code) { show(pre, code); });
+    });
+    document.querySelectorAll("pre[data-attnlab-text][data-deflated]").forEach(function (pre) {
+      unpackInto(pre, "data-deflated", function (text) { pre.textContent = text; });
+    });
+    document.querySelectorAll("[data-deflated-html]").forEach(function (el) {
+      unpackInto(el, "data-deflated-html", function (html) { el.innerHTML = html; });
     });
   }
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", run);

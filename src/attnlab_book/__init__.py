@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import html
 import importlib.util
 import json
 import re
@@ -129,6 +130,61 @@ def _slim_template(layout, data):
                                                    if k in types}}
 
 
+HEATMAP_DIGITS = 3   # decimal places kept below the largest value's leading digit: a step
+                     # under 1/1000 of it, finer than any colour shows, and for weights in
+                     # [0, 1] the 3 decimals the book's weight-map hovers print
+
+
+def _quantised(z):
+    """``z`` (a nested list, or a typed array) rounded to HEATMAP_DIGITS decimal places below
+    its largest magnitude's leading digit, as nested lists: near-zero weights become 0, which
+    deflates well."""
+    import math
+
+    import numpy as np
+
+    if isinstance(z, dict) and "bdata" in z:
+        z = _decoded(z).astype(float).tolist()
+    try:
+        array = np.asarray(z, dtype=float)
+    except (TypeError, ValueError):
+        return z
+    finite = np.abs(array[np.isfinite(array)])
+    if not finite.size or finite.max() == 0:
+        return _round(z, 4, lists=True)
+    decimals = HEATMAP_DIGITS - math.floor(math.log10(finite.max()))   # step 10^(−decimals)
+    rounded = np.round(array, decimals)
+    return [[None if v != v else (int(v) if v.is_integer() else v) for v in row]
+            for row in rounded.tolist()] if array.ndim == 2 else _round(rounded.tolist(), 4, lists=True)
+
+
+def _round_heatmaps(figure):
+    """Heatmap values (also those a slider swaps in) quantised by ``_quantised``."""
+    data = figure.get("data", [])
+    heat = [i for i, t in enumerate(data) if t.get("type") == "heatmap"]
+    if not heat:
+        return figure
+    data = [{**t, "z": _quantised(t["z"])} if i in heat and "z" in t else t
+            for i, t in enumerate(data)]
+    layout = dict(figure.get("layout", {}))
+    sliders = []
+    for slider in layout.get("sliders", []):
+        steps = []
+        for step in slider.get("steps", []):
+            args = step.get("args")
+            if isinstance(args, list) and args and isinstance(args[0], dict) and "z" in args[0]:
+                z = args[0]["z"]        # one value per trace, or per traces listed in args[2]
+                targets = args[2] if len(args) > 2 and isinstance(args[2], list) else range(len(data))
+                if isinstance(z, list) and all(t in heat for t, v in zip(targets, z) if v is not None):
+                    step = {**step, "args": [{**args[0], "z": [None if v is None else _quantised(v)
+                                                               for v in z]}, *args[1:]]}
+            steps.append(step)
+        sliders.append({**slider, "steps": steps})
+    if sliders:
+        layout["sliders"] = sliders
+    return {**figure, "data": data, "layout": layout}
+
+
 def _slim(figure, digits: int = 5):
     """The figure's JSON as the page needs it: floats rounded to ``digits`` significant
     digits, numeric arrays (also those a slider or button swaps in) as typed arrays in their
@@ -157,15 +213,19 @@ def _slim(figure, digits: int = 5):
     return {**figure, "data": data, "layout": layout, **({"frames": frames} if frames else {})}
 
 
-def _deflated(figure) -> str:
-    """The figure's JSON, raw-deflated and base64-encoded (what ``attnlab-figures.js`` unpacks
-    with the browser's own ``DecompressionStream``)."""
+def _packed(text: str) -> str:
+    """``text`` as UTF-8, raw-deflated and base64-encoded: what the book's scripts unpack with
+    the browser's own ``DecompressionStream("deflate-raw")``."""
     import base64
     import zlib
 
     packer = zlib.compressobj(9, zlib.DEFLATED, -15)
-    text = json.dumps(figure, separators=(",", ":"), ensure_ascii=False).encode()
-    return base64.b64encode(packer.compress(text) + packer.flush()).decode()
+    return base64.b64encode(packer.compress(text.encode()) + packer.flush()).decode()
+
+
+def _deflated(figure) -> str:
+    """The figure's JSON, packed (``attnlab-figures.js`` unpacks it)."""
+    return _packed(json.dumps(figure, separators=(",", ":"), ensure_ascii=False))
 
 
 class PlotlyMimeRenderer:
@@ -177,7 +237,7 @@ class PlotlyMimeRenderer:
         """An empty figure div carrying the figure compressed in ``data-attnlab-figure``.
 
         The page ships the smaller of two encodings (typed arrays, or JSON at 4 significant
-        digits), deflated: masks and sliders that repeat themselves shrink tens of times.
+        digits; heatmap values to 1/1000 of their largest), deflated: masks and sliders that repeat themselves shrink tens of times.
         ``attnlab-figures.js`` unpacks and draws it with the site's plotly.js; nothing is
         fetched, so the figure, its hover and its kernel-free slider work on file:// too.
         """
@@ -187,7 +247,8 @@ class PlotlyMimeRenderer:
 
         from docutils import nodes
 
-        payload = min((_deflated(_slim(data.content)), _deflated(_round(data.content, 4, lists=True))), key=len)
+        figure = _round_heatmaps(data.content)
+        payload = min((_deflated(_slim(figure)), _deflated(_round(figure, 4, lists=True))), key=len)
         height = (data.content.get("layout") or {}).get("height") or 480
         html = (f'<div id="{uuid.uuid4()}" class="plotly-graph-div" style="height:{height}px; '
                 f'width:100%;" data-attnlab-figure="{payload}"></div>')
@@ -251,9 +312,12 @@ CODE_BLOCK = re.compile(r'(<div class="highlight-(?:ipython3|python3?) notransla
                         r'<pre)>(.*?)</pre>', re.S)
 TAG = re.compile(r"<[^>]+>")
 SOURCE_BLOCK = re.compile(r'<style>[^<]*</style>(<div style="[^"]*"><div class="attnlab-source-code">'
-                          r'<pre style="[^"]*")>(?:<span></span>)?<span class="linenos">(\d+)</span>'
+                          r'<pre style="[^"]*")>(?:<span></span>)?<span class="linenos"> *(\d+)</span>'
                           r'(.*?)</pre>', re.S)
-LINENO = re.compile(r'<span class="linenos">\d+</span>')
+STREAM_PRE = re.compile(r'(<div class="output stream highlight-myst-ansi notranslate"><div class="highlight">'
+                        r'<pre)><span></span>([^<]*)</pre>')
+DIAGRAM = re.compile(r'<div class="output text_html">(<svg [^>]*class="attnlab-diagram".*?</svg>)', re.S)
+LINENO = re.compile(r'<span class="linenos"> *\d+</span>')
 HIGHLIGHT_JS = "attnlab-highlight.js"
 QUIZ_JS, QUIZ_CSS = "jupyterquiz.js", "jupyterquiz.css"
 
@@ -264,17 +328,43 @@ def _plain_code(app, pagename, templatename, context, doctree):
     Pygments wraps every token in a ``<span>``: about three bytes of markup per byte of code,
     which made code the largest part of a chapter page. The script restores the same classes
     in the browser (the theme's light and dark colours apply as before); the text, what
-    copy-paste and search see, is unchanged. The library's source blocks
+    copy-paste and search see, is unchanged (a long block travels packed, see ``_code_pre``,
+    and the script unpacks it first; the site's search index is built from the sources, not
+    from these pages). The library's source blocks
     (``attnlab.show_source``) lose their per-block stylesheet and line-number markup the same
     way; the script adds the numbers back from ``data-first-line``.
     """
     body = context.get("body", "")
     if "highlight-" in body:
-        body = CODE_BLOCK.sub(lambda m: f"{m[1]} data-attnlab-hl>{TAG.sub('', m[2])}</pre>", body)
+        body = CODE_BLOCK.sub(lambda m: _code_pre(m[1], TAG.sub("", m[2])), body)
     if "attnlab-source-code" in body:   # attnlab.show_source: the script numbers the lines too
-        body = SOURCE_BLOCK.sub(lambda m: f'{m[1]} data-attnlab-hl data-first-line="{m[2]}">'
-                                          f"{TAG.sub('', LINENO.sub('', m[3]))}</pre>", body)
+        body = SOURCE_BLOCK.sub(lambda m: _code_pre(f'{m[1]} data-first-line="{m[2]}"',
+                                                    TAG.sub("", LINENO.sub("", m[3]))), body)
+    body = STREAM_PRE.sub(lambda m: _code_pre(m[1], m[2], colour=False), body)
+    # MathJax finds math by the class "math"; "nohighlight" (for highlight.js) is unused here
+    body = body.replace('class="math notranslate nohighlight"', 'class="math notranslate"')
+    body = DIAGRAM.sub(_packed_diagram, body)
     context["body"] = body
+
+
+def _packed_diagram(m) -> str:
+    """A concept diagram's inline SVG, packed where that saves over a third (the script puts
+    it back, title and description for screen readers included)."""
+    packed = _packed(m[1])
+    if len(packed) < 0.7 * len(m[1]):
+        return f'<div class="output text_html" data-deflated-html="{packed}">'
+    return m[0]
+
+
+def _code_pre(opening: str, escaped: str, colour: bool = True) -> str:
+    """A code block's (or with ``colour=False`` a printed output's) ``<pre>`` for the script:
+    its text, or, where that is over a third smaller, the text packed in ``data-deflated`` (a
+    long cell packs to about a quarter)."""
+    mark = "data-attnlab-hl" if colour else "data-attnlab-text"
+    packed = _packed(html.unescape(escaped))
+    if len(packed) < 0.7 * len(escaped):
+        return f'{opening} {mark} data-deflated="{packed}"></pre>'
+    return f"{opening} data-attnlab-hl>{escaped}</pre>" if colour else f"{opening}><span></span>{escaped}</pre>"
 
 
 def _jupyterquiz_parts() -> tuple[str, str]:
@@ -289,12 +379,30 @@ def _jupyterquiz_parts() -> tuple[str, str]:
     return js, package.joinpath("styles.css").read_text(encoding="utf-8")
 
 
-def _shared_quiz_code(app, pagename, templatename, context, doctree):
-    """Load jupyterquiz's script and stylesheet once for the site instead of inline per quiz.
+QUIZ_SCRIPT = re.compile(r'<script type="application/javascript">var questions(\w+)=(.*?)</script>', re.S)
+QUIZ_DRAW = """
+/* Attention Lab: draw a quiz whose questions the page carries packed (raw deflate, base64),
+   once they are unpacked with the browser's DecompressionStream (attnlab_book). */
+function attnlabQuiz(id, packed) {
+  var bytes = Uint8Array.from(atob(packed), function (c) { return c.charCodeAt(0); });
+  var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate-raw"));
+  new Response(stream).text().then(JSON.parse).then(function (questions) {
+    (function draw() {
+      var host = document.getElementById(id);
+      if (host) show_questions(questions, host); else window.setTimeout(draw, 200);
+    })();
+  }).catch(function (err) { console.error("attnlab quiz", id, err); });
+}
+"""
 
-    Each quiz output carries the whole library (about 40 kB); a page keeps only its questions
-    and the call that draws them, and loads the shared copies (``_static``), written at the
-    end of the build by ``_copy_quiz_code``.
+
+def _shared_quiz_code(app, pagename, templatename, context, doctree):
+    """Load jupyterquiz's script and stylesheet once for the site instead of inline per quiz,
+    and carry each quiz's questions packed.
+
+    Each quiz output carries the whole library (about 40 kB) and its questions as JSON; a page
+    keeps only the questions, packed (a third of the bytes), and one call that draws them, and
+    loads the shared copies (``_static``) written at the end of the build by ``_copy_quiz_code``.
     """
     body = context.get("body", "")
     if "show_questions(" not in body:
@@ -303,10 +411,14 @@ def _shared_quiz_code(app, pagename, templatename, context, doctree):
     if js not in body:
         raise RuntimeError(f"{pagename}: jupyterquiz's inline script is not the package's; "
                            "update attnlab_book._shared_quiz_code")
-    # The inline guard asks whether the library's class Question is defined yet: it now is,
-    # by the shared script, so the quiz must be drawn unconditionally.
-    context["body"] = (body.replace(js, "").replace(css, "")
-                       .replace("if (typeof Question === 'undefined') {\n", "{\n"))
+    body = body.replace(js, "").replace(css, "")
+
+    def packed_call(m):
+        questions, _ = json.JSONDecoder().raw_decode(m[2])
+        text = json.dumps(questions, separators=(",", ":"), ensure_ascii=False)
+        return f'<script>attnlabQuiz("{m[1]}", "{_packed(text)}");</script>'
+
+    context["body"] = QUIZ_SCRIPT.sub(packed_call, body)
     app.add_js_file(QUIZ_JS, priority=200)
     app.add_css_file(QUIZ_CSS)
 
@@ -315,7 +427,7 @@ def _copy_quiz_code(app, exc):
     if exc is None and app.builder.format == "html":
         js, css = _jupyterquiz_parts()
         static = Path(app.outdir) / "_static"
-        (static / QUIZ_JS).write_text(js, encoding="utf-8")
+        (static / QUIZ_JS).write_text(js + QUIZ_DRAW, encoding="utf-8")
         (static / QUIZ_CSS).write_text(css, encoding="utf-8")
 
 
