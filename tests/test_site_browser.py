@@ -130,6 +130,46 @@ def test_chapter_pages_are_light(loads, base_url):
     assert not named, f"page-specific files in _static/: {named}"
 
 
+@pytest.mark.parametrize("scheme", ["http", "file"])
+def test_search_works_offline(browser, base_url, scheme):
+    """The theme's search finds a chapter from its index, over http:// and from file://, with
+    no console error (no result summaries are fetched: html_show_search_summary is off)."""
+    root = base_url if scheme == "http" else SITE.as_uri()
+    page = browser.new_page(viewport={"width": 1280, "height": 1200})
+    errors = []
+    page.on("console", lambda m: m.type == "error" and errors.append(m.text[:300]))
+    page.on("pageerror", lambda e: errors.append(str(e)[:300]))
+    page.on("request", lambda r: not r.url.startswith((root, "data:", "blob:"))
+            and errors.append(f"outside request: {r.url[:200]}"))
+    page.goto(f"{root}/search.html?q=softmax", wait_until="load")
+    page.wait_for_function("() => document.querySelectorAll('#search-results li').length > 0",
+                           timeout=30_000)
+    links = page.eval_on_selector_all("#search-results li a", "els => els.map(a => a.href)")
+    assert any("notebooks/01_attention_from_scratch.html" in h for h in links), links[:5]
+    page.wait_for_timeout(500)
+    assert errors == []
+    page.close()
+
+
+def test_quiz_and_figures_are_accessible(browser, base_url):
+    """A quiz answered with the keyboard alone (Tab to an option, Space), and every figure
+    named for screen readers by its title; every concept diagram carries a title."""
+    page, problems = open_page(browser, f"{base_url}/notebooks/01_attention_from_scratch.html")
+    radio = page.locator(".Quiz .MCButton input[type=radio]").first
+    radio.focus()
+    assert page.evaluate("document.activeElement.type") == "radio", "an option cannot take focus"
+    page.keyboard.press("Space")
+    page.wait_for_timeout(300)
+    feedback = page.locator(".Quiz").first.locator(".Feedback")
+    assert feedback.count() and feedback.first.inner_text().strip(), "no feedback after Space"
+    labels = page.eval_on_selector_all(".plotly-graph-div", "els => els.map(e => e.getAttribute('aria-label'))")
+    assert labels and all(lab and lab.startswith("Figure: ") and len(lab) > 12 for lab in labels), labels
+    titles = page.eval_on_selector_all("svg.attnlab-diagram", "els => els.map(e => e.querySelector('title') && e.querySelector('title').textContent)")
+    assert titles and all(titles), titles
+    assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
+    page.close()
+
+
 def test_every_chapter_is_listed():
     assert CHAPTERS, "no chapter pages were built"
 

@@ -17,6 +17,12 @@
     div.removeAttribute("data-attnlab-figure");
     return unpack(packed).then(function (figure) {
       var config = Object.assign({ displaylogo: false, responsive: true }, figure.config || {});
+      // A text alternative for screen readers: the figure's title (its text, not its markup).
+      var title = ((figure.layout || {}).title || {}).text || "";
+      var label = document.createElement("span");
+      label.innerHTML = title;
+      div.setAttribute("role", "figure");
+      div.setAttribute("aria-label", "Figure: " + (label.textContent || "interactive plot"));
       return Plotly.newPlot(div, figure.data, figure.layout || {}, config).then(function () {
         if (figure.frames) return Plotly.addFrames(div, figure.frames);
       });

@@ -11,10 +11,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 HEATMAP_SCALE = "Viridis"
-PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b"]
+# Okabe & Ito's colour-blind-safe set (blue, vermillion, bluish green, reddish purple, orange,
+# sky blue, black), also plotly's default colour cycle once this module is imported.
+PALETTE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000"]
+pio.templates["attnlab"] = go.layout.Template(layout=dict(colorway=PALETTE))
+pio.templates.default = "plotly+attnlab"
 DTYPE_BYTES = {"fp32": 4, "bf16 / fp16": 2, "fp8": 1}
 
 
