@@ -54,7 +54,6 @@ EXEMPT = {
     "tasks.ModularAddition": "record made by modular_addition (covered)",
     "tasks.RetrievalPrompts": "record made by key_value_retrieval (covered)",
     "tasks.MQARBatch": "record made by mqar (covered)",
-    "tasks.python_docs_text": "no arguments: reads text that ships with Python",
     "tradeoff.Form": "frozen dataclass naming one benchmark form",
     "tradeoff.pivot": "reshapes result rows (dicts); no tensor or size argument",
     "tradeoff.load_precomputed": "no arguments: reads package data",
@@ -118,7 +117,12 @@ BAD = {
                                                (lambda: attention.scaled_dot_product_attention(Q, Q[..., :4], Q), "k"),
                                                (lambda: attention.scaled_dot_product_attention(Q, Q.double(), Q), "k")],
     "attention.MultiHeadAttention": [(lambda: attention.MultiHeadAttention(8, 0), "n_heads"),
-                                     (lambda: attention.MultiHeadAttention(8, 2)(torch.randn(2, 5, 6)), "x")],
+                                     (lambda: attention.MultiHeadAttention(8, 2)(torch.randn(2, 5, 6)), "x"),
+                                     (lambda: attention.MultiHeadAttention(8, 2)(
+                                         torch.randn(2, 5, 8), context_kv=(torch.randn(2, 2, 3, 4),
+                                                                           torch.randn(2, 1, 3, 4))), "context_kv"),
+                                     (lambda: attention.MultiHeadAttention(8, 2).context_kv(torch.randn(2, 3, 6)),
+                                      "context")],
     "attention.uniform_entropy": [(lambda: attention.uniform_entropy(0), "n")],
     # blocks
     "blocks.LayerNorm": [(lambda: blocks.LayerNorm(8)(torch.randn(2, 5)), "x"),
@@ -138,10 +142,13 @@ BAD = {
     "diff_attention.differential_attention": [
         (lambda: diff_attention.differential_attention(Q, Q, Q[..., :3, :], Q, Q, 0.5), "q2")],
     "diff_attention.DifferentialAttention": [(lambda: diff_attention.DifferentialAttention(10, 3), "d_model"),
-                                             (lambda: diff_attention.DifferentialAttention(8, 0), "n_heads")],
+                                             (lambda: diff_attention.DifferentialAttention(8, 0), "n_heads"),
+                                             (lambda: diff_attention.DifferentialAttention(8, 2, lambda_mode="off"),
+                                              "lambda_mode")],
     "diff_attention.attention_on_target": [
         (lambda: diff_attention.attention_on_target(torch.rand(2, 2, 5), torch.zeros(3, dtype=torch.long)), "target")],
-    "diff_attention.RetrievalModel": [(lambda: diff_attention.RetrievalModel(4, 4, attention="sparse"), "attention")],
+    "diff_attention.RetrievalModel": [(lambda: diff_attention.RetrievalModel(4, 4, attention="sparse"), "attention"),
+                                      (lambda: diff_attention.RetrievalModel(6, 4, group_size=4), "group_size")],
     "diff_attention.retrieval_loss": [
         (lambda: diff_attention.retrieval_loss(diff_attention.RetrievalModel(4, 4, d_model=8, n_heads=2),
                                                torch.zeros(2, 3, dtype=torch.long), torch.zeros(3, dtype=torch.long)),
@@ -225,7 +232,8 @@ BAD = {
     "icl.linear_self_attention": [(lambda: icl.linear_self_attention(torch.randn(2, 4, 3), torch.eye(4), torch.eye(4)),
                                    "w_kq")],
     "icl.gd_weights": [(lambda: icl.gd_weights(0, 0.1), "d")],
-    "icl.gd_predictions": [(lambda: icl.gd_predictions(prompts(), 0.1, 0), "steps")],
+    "icl.gd_predictions": [(lambda: icl.gd_predictions(prompts(), 0.1, 0), "steps"),
+                           (lambda: icl.gd_predictions(prompts(), [0.1], 2), "eta")],
     "icl.ridge_prediction": [(lambda: icl.ridge_prediction(torch.randn(2), 0.1), "prompts")],
     "icl.LinearSelfAttentionStack": [(lambda: icl.LinearSelfAttentionStack(3)(torch.randn(2, 4, 3)), "tokens")],
     "icl.effective_step_size": [(lambda: icl.effective_step_size(torch.eye(4), torch.eye(3)), "w_pv")],
@@ -257,6 +265,10 @@ BAD = {
     # mla, mod, models, moe
     "mla.MultiHeadLatentAttention": [(lambda: mla.MultiHeadLatentAttention(16, 2, 8, 8, 3), "d_rope"),
                                      (lambda: mla.MultiHeadLatentAttention(16, 2, 8, 8, 4)(torch.randn(1, 5, 8)), "x")],
+    "mla.mla_parameters": [(lambda: mla.mla_parameters(16, 2, 8, 0, 4), "d_latent")],
+    "moe.moe_model_parameters": [(lambda: moe.moe_model_parameters(
+        n_layers=2, n_dense_layers=0, d_model=8, d_ff_dense=16, d_ff_expert=4, n_routed=4, n_shared=0, top_k=5,
+        attention_per_layer=0, vocab=10), "top_k")],
     "mod.routed_tokens": [(lambda: mod.routed_tokens(0.0, 8), "capacity")],
     "mod.top_k_route": [(lambda: mod.top_k_route(torch.randn(8), 2), "scores"),
                         (lambda: mod.top_k_route(torch.randn(1, 4), 5), "k")],
@@ -398,7 +410,10 @@ BAD = {
     "tasks.CharCorpus": [(lambda: tasks.char_corpus(text="abcdefghij").batch(2, 20), "length"),
                          (lambda: tasks.char_corpus(text="abcdefghij").encode("xyz"), "s")],
     "tasks.char_corpus": [(lambda: tasks.char_corpus(text="a"), "text")],
-    "tasks.key_value_retrieval": [(lambda: tasks.key_value_retrieval(2, n_pairs=0), "n_pairs")],
+    "tasks.python_docs_text": [(lambda: tasks.python_docs_text(source="web"), "source")],
+    "tasks.clean_markup": [(lambda: tasks.clean_markup(b"bytes"), "text")],
+    "tasks.key_value_retrieval": [(lambda: tasks.key_value_retrieval(2, n_pairs=0), "n_pairs"),
+                                  (lambda: tasks.key_value_retrieval(2, 6, n_keys=8, group_size=4), "group_size")],
     "tasks.mqar": [(lambda: tasks.mqar(0), "batch")],
     # tradeoff, train
     "tradeoff.forms": [(lambda: tradeoff.forms(-1), "window")],

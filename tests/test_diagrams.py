@@ -200,3 +200,134 @@ def test_chunk_decomposition_splits_the_causal_pairs(chunks, C):
     assert sum(t.startswith("S") and t[1:].isdigit() for t in texts) == chunks   # one state per chunk
     assert any(f"{diag} pairs in diagonal blocks" in t and f"{state} through the state" in t for t in texts)
     assert f"{chunks} sequential steps instead of {n}" in "".join(texts)
+
+
+@pytest.mark.parametrize("lam", [0.2, 0.5])
+def test_differential_head_prints_the_two_softmax_rows_and_their_difference(lam):
+    s1, s2 = (0.8, 0.5, 3.0, 0.7), (0.8, 0.5, 0.6, 0.7)
+    texts = _texts(diagrams.differential_head(s1, s2, lam=lam))
+    a1, a2 = torch.softmax(torch.tensor(s1), 0), torch.softmax(torch.tensor(s2), 0)
+    printed = [t.replace("\u2212", "-") for t in texts if re.fullmatch(r"\u2212?\d\.\d\d", t)]
+    expected = [f"{v:.2f}" for v in torch.cat([a1, a2, a1 - lam * a2]).tolist()]
+    assert printed == expected
+    assert f"row sum 1 − λ = {1 - lam:.2f}" in texts
+    with pytest.raises(ValueError, match="scores1"):
+        diagrams.differential_head((1.0, 2.0), (1.0,))
+
+
+def test_differential_head_default_lambda_cancels_the_common_keys_exactly():
+    s1, s2 = (0.8, 0.5, 3.0, 0.7), (0.8, 0.5, 0.6, 0.7)
+    texts = _texts(diagrams.differential_head(s1, s2))
+    lam = float(torch.tensor(s2).exp().sum() / torch.tensor(s1).exp().sum())   # Z_2 / Z_1
+    printed = [t.replace("\u2212", "-") for t in texts if re.fullmatch(r"\u2212?\d\.\d\d", t)]
+    assert printed[-4:] == ["0.00", "0.00", f"{1 - lam:.2f}", "0.00"]
+    assert f"× λ = {lam:.2f}" in texts and "weight cancels exactly" in texts
+
+
+@pytest.mark.parametrize("p,k,a,b", [(11, 3, 4, 9), (7, 2, 6, 6), (13, 5, 0, 12)])
+def test_modular_clock_lands_on_a_plus_b_mod_p(p, k, a, b):
+    texts = _texts(diagrams.modular_clock(p, k, a, b))
+    assert sorted(int(t) for t in texts if t.isdigit()) == list(range(p))   # every residue once
+    assert f"largest at c = (a + b) mod p = {(a + b) % p}" in texts
+    with pytest.raises(ValueError, match="coprime"):
+        diagrams.modular_clock(12, 3, 1, 1)
+
+
+def test_microgpt_architecture_counts_the_library_model():
+    from attnlab.models import GPTConfig, MicroGPT
+    for tie in (True, False):
+        config = GPTConfig(vocab_size=50, max_len=16, n_layers=2, d_model=32, n_heads=4, tie_weights=tie)
+        texts = _texts(diagrams.microgpt_architecture(config))
+        total = count_parameters(MicroGPT(config))
+        assert f"total {total:,}" in texts
+        assert f"{50 * 32:,}" in texts and f"block × 2" in texts
+        assert ("LM head (tied: 0)" in texts) is tie
+    with pytest.raises(TypeError, match="config"):
+        diagrams.microgpt_architecture({"vocab_size": 3})
+
+
+@pytest.mark.parametrize("temperature, top_k", [(0.7, 3), (1.5, 5), (1.0, 1)])
+def test_sampling_pipeline_prints_the_distribution_sample_next_draws_from(temperature, top_k):
+    logits = (2.0, 1.6, 1.0, 0.2, -0.5)
+    texts = _texts(diagrams.sampling_pipeline(logits, temperature=temperature, top_k=top_k))
+    z = torch.tensor(logits) / temperature
+    kept = z >= torch.topk(z, top_k).values[-1]
+    p = torch.softmax(z.masked_fill(~kept, float("-inf")), 0)
+    last_panel = texts[-12:-2]                  # five (value, label) pairs, then two captions
+    printed = [float(t.replace("−", "-")) for t in last_panel[0::2]]
+    assert printed == pytest.approx(p.tolist(), abs=0.006)
+    assert abs(sum(printed) - 1) < 0.02
+    assert texts.count("−∞") == 5 - top_k
+    with pytest.raises(ValueError, match="top_k"):
+        diagrams.sampling_pipeline(logits, top_k=0)
+
+
+@pytest.mark.parametrize("prompt,t,max_len", [(4, 8, 12), (1, 1, 2), (3, 9, 16)])
+def test_prefill_decode_reads_t_and_writes_one_per_step(prompt, t, max_len):
+    texts = _texts(diagrams.prefill_decode(prompt, t, max_len))
+    assert f"writes {prompt}" in texts
+    attends = [int(x.split()[2].rstrip(",")) for x in texts if x.startswith("attends to ")]
+    assert attends == list(range(prompt + 1, t + 2))            # one row per step: t cached + its own
+    reads = attends
+    assert [x for x in texts if x.isdigit()][:max_len] == [str(j) for j in range(max_len)]
+    svg = _svg(diagrams.prefill_decode(prompt, t, max_len))
+    empty = [r for r in svg.iter(NS + "rect") if r.get("stroke-dasharray")]
+    rows = t - prompt + 2
+    written = prompt + sum(1 for _ in reads)
+    # every row draws max_len slots; the empty ones are those after the newest write (+ the legend)
+    assert len(empty) == rows * max_len - written - sum(range(prompt, t + 1)) + 1
+    with pytest.raises(ValueError, match="prefill_decode"):
+        diagrams.prefill_decode(5, 4, 12)
+
+
+@pytest.mark.parametrize("n_heads,kv_heads", [(8, (8, 2, 1)), (6, (3, 1))])
+def test_kv_head_sharing_uses_the_library_grouping(n_heads, kv_heads):
+    dia = diagrams.kv_head_sharing(n_heads, kv_heads, 64)
+    texts = _texts(dia)
+    for g in kv_heads:
+        assert f"2 × {g} × 64 = {2 * g * 64} values" in texts
+        assert ("repeat_kv: no copy" if g == n_heads else f"repeat_kv: each KV head {n_heads // g}×") in texts
+        assert f"i // {n_heads // g}" in dia.desc
+    lines = [e for e in _svg(dia).iter(NS + "path") if not e.get("marker-end")]
+    assert len(lines) == n_heads * len(kv_heads)                # one line per query head per panel
+    with pytest.raises(ValueError, match="divide"):
+        diagrams.kv_head_sharing(8, (3,))
+
+
+def test_mla_compression_counts_the_cache():
+    from attnlab.kv_cache import kv_cache_bytes, mla_cache_bytes
+    dia = diagrams.mla_compression(7168, 128, 128, 512, 64)
+    texts = _texts(dia)
+    mla = mla_cache_bytes(1, 512, 64, 1, bytes_per_element=1)
+    mha = kv_cache_bytes(1, 128, 128, 1, bytes_per_element=1)
+    assert f"cached: {mla} numbers per token" in texts
+    assert f"MHA would cache 2 · 128 · 128 = {mha} numbers per token and layer" in texts
+    assert f"{mha / mla:.1f} times more" in dia.desc
+    with pytest.raises(ValueError, match="mla_compression"):
+        diagrams.mla_compression(0)
+
+
+@pytest.mark.parametrize("devices,step", [(4, 1), (3, 0), (8, 5)])
+def test_ring_pass_follows_the_library_schedule(devices, step):
+    from attnlab.ring import ring_schedule
+    texts = _texts(diagrams.ring_pass(devices, step))
+    held = [t for t in texts if t.startswith("K") and "," in t]
+    assert len(held) == devices
+    sub = str.maketrans("₀₁₂₃₄₅₆₇₈₉", "0123456789")
+    assert [int(t.split(",")[0][1:].translate(sub)) for t in held] == ring_schedule(devices)[step]
+    arrows = [e for e in _svg(diagrams.ring_pass(devices, step)).iter(NS + "path") if e.get("marker-end")]
+    assert len(arrows) == devices                                  # one hand-off per device
+    with pytest.raises(ValueError, match="ring_pass"):
+        diagrams.ring_pass(4, 4)
+
+
+@pytest.mark.parametrize("gamma,accepted", [(4, 2), (3, 3), (2, 0)])
+def test_speculative_step_emits_accepted_plus_one(gamma, accepted):
+    texts = _texts(diagrams.speculative_step(gamma, accepted, tokens=tuple("abcdef")))
+    assert texts.count("✓ keep") == accepted
+    assert texts.count("+ bonus") == (accepted == gamma)
+    assert texts.count("✗ reject") == (accepted < gamma)
+    assert texts.count("discarded") == max(gamma - accepted - 1, 0)
+    assert any(t.startswith(f"emitted this step: {accepted + 1} token") for t in texts)
+    with pytest.raises(ValueError, match="speculative_step"):
+        diagrams.speculative_step(2, 3)

@@ -165,3 +165,51 @@ def test_retrieval_task_and_model():
         assert logits.shape == (16, 7) and weights.shape == (16, 4 if kind == "standard" else 2, 11)
     assert count_parameters(RetrievalModel(20, 7, 32, 2, "standard").attn) + 6 * 8 == \
         count_parameters(RetrievalModel(20, 7, 32, 2, "differential").attn)
+
+
+def test_near_duplicate_retrieval_holds_whole_groups():
+    prompts = key_value_retrieval(32, 16, n_keys=64, n_values=5, seed=4, group_size=8)
+    keys = prompts.tokens[:, :-1] // 5
+    for row, pos in zip(keys, prompts.position):
+        assert len(set(row.tolist())) == 16                              # distinct keys
+        groups = (row // 8).tolist()
+        assert all(groups.count(g) == 8 for g in set(groups))            # two whole groups of 8
+        assert groups.count(groups[pos]) - 1 == 7                        # 7 near-duplicates of the target
+    stored = prompts.tokens[torch.arange(32), prompts.position]
+    assert torch.equal(stored // 5, prompts.tokens[:, -1] - 64 * 5) and torch.equal(stored % 5, prompts.targets)
+    plain = key_value_retrieval(8, 10, seed=1)
+    assert torch.equal(plain.tokens, key_value_retrieval(8, 10, seed=1, group_size=1).tokens)
+    with pytest.raises(ValueError, match="group_size"):
+        key_value_retrieval(2, 12, n_keys=64, group_size=8)
+
+
+def test_grouped_embedding_shares_the_group_part():
+    model = RetrievalModel(64, 5, d_model=16, n_heads=2, attention="differential", group_size=8)
+    # keys 8 and 9 (group 1) with value 0, key 16 (group 2) with value 0
+    tokens = torch.tensor([[8 * 5, 9 * 5, 16 * 5, 64 * 5 + 8]])
+    x = model.embed(tokens)[0]
+    group1, group2 = model.key_group.weight[1], model.key_group.weight[2]
+    assert torch.allclose(x[0] - model.key_embed.weight[0] - model.value_embed.weight[0], group1)
+    assert torch.allclose(x[1] - model.key_embed.weight[1] - model.value_embed.weight[0], group1)
+    assert torch.allclose(x[2] - model.key_embed.weight[0] - model.value_embed.weight[0], group2)
+    assert torch.allclose(x[3], model.query_group.weight[1] + model.query_embed.weight[0])
+    assert model(tokens).shape == (1, 5)
+
+
+def test_lambda_modes():
+    torch.manual_seed(0)
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    zero = DifferentialAttention(32, 2, lambda_mode="zero").double()
+    assert zero.lam().item() == 0.0
+    _, weights = zero(x, causal=True, return_weights=True)
+    q, k = zero.q_proj(x).view(2, 6, 2, 2, 8), zero.k_proj(x).view(2, 6, 2, 2, 8)
+    scores = torch.einsum("bihd,bjhd->bhij", q[:, :, :, 0], k[:, :, :, 0]) / math.sqrt(8)
+    first_map = scores.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -math.inf).softmax(-1)
+    assert torch.allclose(weights, first_map)                           # λ = 0: the first map alone
+    fixed = DifferentialAttention(32, 2, layer=3, lambda_mode="fixed")
+    assert fixed.lam().item() == pytest.approx(lambda_init(3))
+    assert not any(p.requires_grad for p in (fixed.lambda_q1, fixed.lambda_k1, fixed.lambda_q2, fixed.lambda_k2))
+    learned = DifferentialAttention(32, 2)
+    assert learned.lambda_q1.requires_grad and learned.lam().item() != lambda_init(1)
+    model = RetrievalModel(20, 7, 32, 2, "standard", standard_heads=2)
+    assert model.attn.n_heads == 2

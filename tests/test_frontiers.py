@@ -314,3 +314,99 @@ def test_lineage_graph_draws_nodes_and_forward_edges():
         viz.lineage_graph(nodes, [("B", "A")])
     with pytest.raises(ValueError, match="not in nodes"):
         viz.lineage_graph(nodes, [("A", "Z")])
+
+
+# ---- chapter 14's lineage: every method links a section that exists --------------------------
+
+def _notebook_labels():
+    import json
+    import re
+    from pathlib import Path
+
+    labels = {}
+    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        text = "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                         if c["cell_type"] == "markdown")
+        labels[path.stem[:2]] = (path.stem, set(re.findall(r"^\((ch\d\d-[\w-]+)\)=", text, re.M)))
+    return labels
+
+
+def test_lineage_links_sections_that_exist():
+    import json
+    import re
+    from pathlib import Path
+
+    nb = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "14_frontiers.ipynb").read_text())
+    (cell,) = ["".join(c["source"]) for c in nb["cells"]
+               if c["cell_type"] == "code" and "viz.lineage_graph(nodes, edges)" in "".join(c["source"])]
+    entries = re.findall(r'N\("([^"]+)",\s*(\d{4}),.*?"(ch\d\d-[\w-]+)"\)', cell, re.S)
+    calls = len(re.findall(r"^\s+N\(", cell, re.M))
+    assert len(entries) == calls >= 40, (len(entries), calls)       # every entry names a label
+    labels = _notebook_labels()
+    missing = [(name, where) for name, _, where in entries
+               if where not in labels.get(where[2:4], ("", set()))[1]]
+    assert not missing, f"lineage entries linking sections that do not exist: {missing}"
+    # the table's stems are the real notebook names
+    (table,) = ["".join(c["source"]) for c in nb["cells"]
+                if c["cell_type"] == "code" and "STEMS = [" in "".join(c["source"])]
+    stems = re.findall(r'"(\d\d_[a-z_0-9]+)"', table)
+    assert stems == [labels[k][0] for k in sorted(labels)]
+
+
+# ---- parameter counts: MLA layer, DeepSeek-V3 ---------------------------------------------
+
+def test_mla_parameters_counts_the_module():
+    from attnlab.mla import mla_parameters
+
+    mla = MultiHeadLatentAttention(d_model=64, n_heads=4, d_head=8, d_latent=16, d_rope=4)
+    # the module has no low-rank query and no latent norm: subtract the norm gain counted for c
+    assert mla_parameters(64, 4, 8, 16, 4) - 16 == sum(p.numel() for p in mla.parameters())
+    with pytest.raises(ValueError, match="d_latent"):
+        mla_parameters(64, 4, 8, 0, 4)
+
+
+def test_deepseek_v3_total_and_active_parameters():
+    from attnlab.mla import mla_parameters
+    from attnlab.moe import moe_model_parameters
+
+    attn = mla_parameters(7168, 128, 128, 512, 64, d_q_latent=1536)
+    v3 = moe_model_parameters(n_layers=61, n_dense_layers=3, d_model=7168, d_ff_dense=18432, d_ff_expert=2048,
+                              n_routed=256, n_shared=1, top_k=8, attention_per_layer=attn, vocab=129280)
+    assert round(v3["total"] / 1e9) == 671                        # DeepSeek-V3 report: 671B total
+    assert 36.5e9 < v3["active"] - v3["embeddings"] // 2 < 37.5e9  # and 37B activated
+    dense = moe_model_parameters(n_layers=2, n_dense_layers=2, d_model=8, d_ff_dense=16, d_ff_expert=4,
+                                 n_routed=4, n_shared=0, top_k=4, attention_per_layer=0, vocab=10)
+    assert dense["total"] == dense["active"] == 2 * (2 * 8 + 3 * 8 * 16) + 2 * 10 * 8 + 8
+    with pytest.raises(ValueError, match="top_k"):
+        moe_model_parameters(n_layers=2, n_dense_layers=0, d_model=8, d_ff_dense=16, d_ff_expert=4,
+                             n_routed=4, n_shared=0, top_k=5, attention_per_layer=0, vocab=10)
+
+
+# ---- the shipped speculative-decoding measurement -----------------------------------------
+
+def test_speculative_bench_file_is_consistent():
+    from attnlab.experiments import speculative_bench
+
+    data = speculative_bench.load()
+    assert data["command"] == "python -m attnlab.experiments.speculative_bench" and data["threads"] == 1
+    gammas = sorted(p["gamma"] for p in data["points"] if "gamma" in p)
+    assert gammas == list(speculative_bench.GAMMAS)
+    for p in data["points"]:
+        if "gamma" not in p:
+            assert 0 < p["cost_ratio_cpu"] < 1 and 0 < p["beta_mean"] < 1
+            continue
+        assert p["tokens"] == data["prompts"] * data["seeds"] * data["new_tokens"]
+        assert 1 <= p["tokens_per_pass"] <= p["gamma"] + 1
+        assert p["tokens"] == p["accepted"] + p["steps"]            # one correction or bonus per pass
+        assert p["alpha"] == pytest.approx(p["accepted"] / (p["accepted"] + p["rejected"]))
+
+
+def test_speculative_bench_smoke_runs():
+    from attnlab.experiments.microgpt import load_pretrained
+    from attnlab.experiments.speculative_bench import run_gamma
+
+    target, corpus = load_pretrained("target")
+    draft, _ = load_pretrained("draft")
+    point = run_gamma(target, draft, corpus, 2, n_prompts=1, seeds=1, new_tokens=12)
+    assert point["tokens"] == 12 == point["accepted"] + point["steps"]
+    assert point["target_calls"] == point["steps"] and point["draft_calls"] <= 2 * point["steps"]

@@ -101,6 +101,7 @@ def test_256k_tokens_match_the_jamba_paper_table(name, gib):
 def test_other_presets():
     assert PRESETS["Llama-3-8B"].bytes(8192) == 1 * GiB
     mistral = PRESETS["Mistral-7B"]
+    assert mistral.label == "Mistral-7B v0.1" and PRESETS["Llama-2-7B"].label == "Llama-2-7B"
     assert mistral.bytes(4096) == PRESETS["Llama-3-8B"].bytes(4096)
     assert mistral.bytes(32 * 1024) == mistral.bytes(4096)  # the rolling buffer stops growing at w
     assert kv_cache_bytes(32, 8, 128, 32 * 1024) / mistral.bytes(32 * 1024) == 8  # the paper's 8x at 32k
@@ -162,3 +163,95 @@ def test_live_explorer_builds():
 
     box = kv_cache_explorer()
     assert len(box.children) == 2
+
+
+# --------------------------------------------------------------------------- cross-attention's cache
+
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2), (4, 1)])
+def test_cross_attention_with_context_kv_equals_recomputing(heads):
+    """Keys and values of a fixed context computed once give what recomputing them every step gives."""
+    h, h_kv = heads
+    torch.manual_seed(1)
+    mha = MultiHeadAttention(32, h, h_kv).eval()
+    context, steps = torch.randn(2, 9, 32), torch.randn(5, 2, 1, 32)
+    k, v = mha.context_kv(context)
+    assert k.shape == v.shape == (2, h_kv, 9, 32 // h)
+    for x in steps:
+        assert torch.equal(mha(x, context_kv=(k, v)), mha(x, context=context))
+        out, weights = mha(x, context_kv=(k, v), return_weights=True)
+        assert weights.shape == (2, h, 1, 9)
+
+
+def test_context_kv_argument_errors():
+    mha = MultiHeadAttention(8, 2)
+    x, context = torch.randn(1, 3, 8), torch.randn(1, 5, 8)
+    kv = mha.context_kv(context)
+    with pytest.raises(ValueError, match=r"cache is for self-attention; .*context_kv\(context\)"):
+        mha(x, context_kv=kv, cache=LayerKVCache(1, 2, 8, 4))
+    with pytest.raises(ValueError, match="not both"):
+        mha(x, context=context, context_kv=kv)
+    with pytest.raises(TypeError, match="context_kv must be a pair of tensors"):
+        mha(x, context_kv=kv[0])
+    with pytest.raises(ValueError, match=r"context_kv's k must have shape \(b, h_kv, m, d\) = \(2, 2, 5, 4\)"):
+        mha(torch.randn(2, 3, 8), context_kv=kv)
+    with pytest.raises(ValueError, match="context must have shape"):
+        mha.context_kv(torch.randn(5, 8))
+
+
+# --------------------------------------------------------------------------- the decoding-speed command
+
+def test_timed_decode_writes_generates_ids_in_every_form():
+    from attnlab.experiments import decode_speed
+    from attnlab.models import GPTConfig, generate
+    model = decode_speed.chapter_model(GPTConfig(vocab_size=32, max_len=40, n_layers=2, d_model=32, n_heads=4))
+    prompt = decode_speed.chapter_prompt(6, vocab=32)
+    runs = [decode_speed.timed_decode(model, prompt, 20, cached=c, fused=f) for c in (True, False) for f in (False, True)]
+    for ids, seconds, cpu in runs:
+        assert torch.equal(ids, generate(model, prompt, 20, greedy=True))
+        assert len(seconds) == len(cpu) == 20 and min(seconds) > 0
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_fused_forward_equals_the_library_forward(n_kv_heads):
+    from attnlab.experiments import decode_speed
+    from attnlab.models import GPTConfig
+    config = GPTConfig(vocab_size=32, max_len=40, n_layers=2, d_model=32, n_heads=4)
+    model = decode_speed.chapter_model(config, n_kv_heads=n_kv_heads)
+    assert model.blocks[0].attn.n_kv_heads == n_kv_heads
+    ids = torch.randint(0, 32, (2, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        full = model(ids)
+        assert torch.allclose(decode_speed.fused_forward(model, ids), full[:, -1:], atol=1e-5)
+        cache = model.new_cache(2, 30)                           # prefill, then one token per step
+        steps = [decode_speed.fused_forward(model, ids[:, :10], cache)]
+        steps += [decode_speed.fused_forward(model, ids[:, s:s + 1], cache) for s in range(10, 30)]
+    assert torch.allclose(torch.cat(steps, dim=1), full[:, 9:], atol=1e-5)
+    with pytest.raises(ValueError, match="empty cache"):
+        decode_speed.fused_forward(model, ids[:, :2], cache)
+
+
+def test_summary_rows_sum_the_first_steps():
+    from attnlab.experiments.decode_speed import kv_head_rows, same_ids, summary_rows
+    points = [{"form": "cached", "cpu_ms": [2.0, 1.0, 1.0], "ids": [1, 2]},
+              {"form": "cached", "cpu_ms": [4.0, 1.0, 3.0], "ids": [1, 2]},
+              {"form": "uncached", "cpu_ms": [3.0, 6.0, 9.0], "ids": [1, 2]}]
+    (row,) = summary_rows(points, at=(2,))
+    assert row["cached s"] == 4e-3 and row["uncached s"] == 9e-3 and row["speed-up"] == 9 / 4
+    assert summary_rows(points, at=(5,)) == [] and "vs fused" not in row
+    points.append({"form": "uncached, fused", "cpu_ms": [2.0, 2.0, 2.0], "ids": [1, 2]})
+    assert summary_rows(points, at=(3,))[0]["vs fused"] == 6 / 6       # cached: medians 3 + 1 + 2 ms
+    assert same_ids(points) and not same_ids(points + [{"form": "uncached", "ids": [1, 3]}])
+    gqa = [{"form": f, "n_kv_heads": 1, "cpu_ms": [9.0, 1.0, 3.0], "ids": [4]} for f in ("cached", "cached, fused")]
+    rows = kv_head_rows(points + gqa, at=3)
+    assert rows[-1] == {"KV heads": 1, "cached ms/step": 2.0, "fused cached ms/step": 2.0}
+
+
+def test_the_shipped_decoding_run_records_its_command_and_identical_ids():
+    from attnlab.experiments import decode_speed
+    run = decode_speed.load()
+    assert run["command"].startswith("python -m attnlab.experiments.decode_speed") and run["threads"] == 1
+    assert run["new_tokens"] == 1024 and run["config"]["max_len"] >= run["prompt_len"] + run["new_tokens"]
+    forms = {(p["form"], p["n_kv_heads"]) for p in run["points"]}
+    assert forms == {(f, 6) for f in decode_speed.FORMS} | {(f, h) for f in decode_speed.GQA_FORMS for h in (2, 1)}
+    assert all(len(p["step_ms"]) == len(p["cpu_ms"]) == 1024 for p in run["points"])
+    assert all(decode_speed.same_ids(run["points"], h) for h in decode_speed.KV_HEADS)

@@ -157,9 +157,13 @@ PATTERN_CHAPTERS = [
     "01_attention_from_scratch",
     "02_positional_encodings",
     "03_transformer_block",
+    "04_micro_gpt",
+    "05_kv_cache",
+    "06_icl_grokking_diff_attention",
     "07_flash_attention",
     "09_linear_attention",
     "08_sparse_attention",
+    "14_frontiers",
 ]
 CODE_COLUMN = 88  # characters that fit the book's code column at a 1280-px window
 BOOK_URL = re.search(r"^\s+baseurl:\s*(\S+)", (ROOT / "_config.yml").read_text(), re.M).group(1)

@@ -113,3 +113,17 @@ def test_default_corpus_ships_with_python():
     corpus = char_corpus()
     assert corpus.vocab_size > 60 and len(corpus.train_ids) > 100_000
     assert "assert" in corpus.text
+
+
+def test_default_corpus_is_the_shipped_snapshot():
+    from attnlab.tasks import SNAPSHOT_PYTHON, clean_markup, python_docs_text
+    text = python_docs_text()
+    assert len(text) == 465_126 and char_corpus().text == text
+    import platform
+    if platform.python_version() == SNAPSHOT_PYTHON:
+        assert python_docs_text(source="installed") == text
+    with pytest.raises(ValueError, match="source"):
+        python_docs_text(source="web")
+    cleaned = clean_markup("Title\n=====\n\nSome *text*.\n+---+---+\n| a | b |\n\n\n\nend\n")
+    assert cleaned == "Title\n\nSome *text*.\n| a | b |\n\nend\n"
+    assert char_corpus(clean=True).text == clean_markup(text)

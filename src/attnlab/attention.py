@@ -270,6 +270,7 @@ class MultiHeadAttention(nn.Module):
         *,
         causal: bool = False,
         cache=None,
+        context_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         return_weights: bool = False,
     ):
         """Args:
@@ -281,12 +282,18 @@ class MultiHeadAttention(nn.Module):
                 self-attention while decoding: the n new tokens' keys and values are appended
                 to it and the queries attend to all m = t cached positions. With ``causal``
                 the bottom-right alignment makes new token i see positions j <= t - n + i.
+            context_kv: the cross-attention keys and values of a fixed context, as returned by
+                :meth:`context_kv` (each (b, h_kv, m, d)): computed once, e.g. from an
+                encoder's output, and reused at every decoding step instead of ``context``.
             return_weights: also return the (b, h, n, m) weights (pre-dropout).
 
         Returns: (b, n, d_model), and the weights if requested.
         """
-        if cache is not None and context is not None:
-            raise ValueError("cache is for self-attention; compute cross-attention keys once and pass context instead")
+        if cache is not None and (context is not None or context_kv is not None):
+            raise ValueError("cache is for self-attention; for cross-attention compute the context's keys and "
+                             "values once with context_kv(context) and pass them as context_kv=(k, v)")
+        if context is not None and context_kv is not None:
+            raise ValueError("pass context or context_kv (its keys and values, computed once), not both")
         context = x if context is None else context
         for name, t in (("x", x), ("context", context)):
             if t.dim() != 3 or t.shape[-1] != self.q_proj.in_features:
@@ -295,8 +302,10 @@ class MultiHeadAttention(nn.Module):
                     f"got {tuple(t.shape)}"
                 )
         q = self.split_heads(self.q_proj(x), self.n_heads)
-        k = self.split_heads(self.k_proj(context), self.n_kv_heads)
-        v = self.split_heads(self.v_proj(context), self.n_kv_heads)
+        if context_kv is not None:
+            k, v = self._check_context_kv(context_kv, x.shape[0])
+        else:
+            k, v = self.context_kv(context)
         if cache is not None:
             k, v = _layer_cache(cache).append(k, v)
         out, weights = scaled_dot_product_attention(
@@ -305,6 +314,35 @@ class MultiHeadAttention(nn.Module):
         )
         out = self.out_proj(self.merge_heads(out))
         return (out, weights) if return_weights else out
+
+    def context_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Keys and values of a context: (b, m, d_model) -> K, V, each (b, h_kv, m, d).
+
+        .. math:: K = Y W^K, \qquad V = Y W^V, \qquad \text{split into } h_{kv} \text{ heads}
+
+        In cross-attention Y is fixed (an encoder's output) while the decoder writes, so K and V
+        are the same at every step: compute them once and pass ``context_kv=(K, V)`` to
+        :meth:`forward`, which then skips both projections. This is the cross-attention cache.
+        """
+        if not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[-1] != self.k_proj.in_features:
+            got = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__
+            raise ValueError(f"context must have shape (b, m, d_model={self.k_proj.in_features}), got {got}")
+        return (self.split_heads(self.k_proj(context), self.n_kv_heads),
+                self.split_heads(self.v_proj(context), self.n_kv_heads))
+
+    def _check_context_kv(self, context_kv, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (isinstance(context_kv, (tuple, list)) and len(context_kv) == 2
+                and all(isinstance(t, torch.Tensor) for t in context_kv)):
+            raise TypeError(f"context_kv must be a pair of tensors (k, v) from context_kv(context), "
+                            f"got {type(context_kv).__name__}")
+        k, v = context_kv
+        want = (batch, self.n_kv_heads, k.shape[2] if k.dim() == 4 else "m", self.head_dim)
+        for name, t in (("k", k), ("v", v)):
+            if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != (batch, self.n_kv_heads, self.head_dim) \
+                    or t.shape[2] != k.shape[2]:
+                raise ValueError(f"context_kv's {name} must have shape (b, h_kv, m, d) = {want}, "
+                                 f"got {tuple(t.shape)}")
+        return k, v
 
 
 def _layer_cache(cache):

@@ -1057,3 +1057,549 @@ def chunk_decomposition(chunks: int = 4, C: int = 4) -> Diagram:
 
 
 ALL += [chunk_decomposition]
+
+
+# ----------------------------------------------------------------------------- chapter 05: the KV cache
+
+def prefill_decode(prompt: int = 4, t: int = 8, max_len: int = 12) -> Diagram:
+    """Prefill, then decode: a preallocated cache of ``max_len`` slots filling up as t grows.
+
+    Row 0 is the prefill: the ``prompt`` tokens go through the model in one pass (a p × p causal
+    block of scores) and write slots 0..p − 1 together. Each later row is one decoding step at
+    length t: one new token, whose query attends to t + 1 keys and values (the t cached ones
+    and its own, labelled "attends to t + 1"), and whose key and value are written into slot t (the write position is the cache's length, which
+    is also the new token's position). Slots after it are allocated but empty.
+    """
+    if not (isinstance(prompt, int) and isinstance(t, int) and isinstance(max_len, int)
+            and 1 <= prompt <= t < max_len <= 16 and t - prompt <= 6):
+        raise ValueError(f"prefill_decode: needs 1 <= prompt <= t < max_len <= 16 and t - prompt <= 6, "
+                         f"got prompt={prompt}, t={t}, max_len={max_len}")
+    steps = list(range(prompt, t + 1))          # the length before each decoding step
+    cell, x0, y0, row = 40, 150, 74, 60
+    W = max(x0 + max_len * cell + 200, 640)
+    H = y0 + (len(steps) + 1) * row + 70
+    dr = Drawing(_name("prefill_decode", prompt, t, max_len), W, H,
+                 f"Prefill of {prompt} tokens, then decoding steps up to length {t + 1}",
+                 f"A KV cache preallocated for {max_len} positions. Prefill: the {prompt} prompt tokens run "
+                 f"through the model in one pass and write slots 0 to {prompt - 1} at once. Then each decoding "
+                 f"step runs one new token: at length t it attends to t + 1 keys and values, the t cached ones and "
+                 f"its own, and writes its key and value into slot t, its own position. Shown for t = "
+                 + ", ".join(str(s) for s in steps) + f". Slots after the newest stay allocated but empty; the "
+                 f"cache holds {t + 1} of {max_len} positions at the end.")
+    dr.text(x0, 24, f"a cache of {max_len} slots (preallocated), one per position", 15, anchor="start",
+            weight="600")
+    for j in range(max_len):
+        dr.text(x0 + j * cell + cell / 2, 52, str(j), 13)
+    dr.text(x0 - 12, 52, "slot / position", 13, anchor="end")
+
+    def slots(y, written, new):
+        for j in range(max_len):
+            x = x0 + j * cell
+            if j in new:
+                dr.rect(x + 2, y, cell - 4, 34, GREEN, 0.5, rx=4, stroke=INK, width=2)
+            elif j < written:
+                dr.rect(x + 2, y, cell - 4, 34, BLUE, 0.3, rx=4)
+            else:
+                dr.rect(x + 2, y, cell - 4, 34, INK, 0.04, rx=4, stroke=INK, dashed=True, width=1)
+
+    y = y0
+    dr.text(x0 - 12, y + 10, "prefill", 15, anchor="end", weight="600")
+    dr.text(x0 - 12, y + 28, f"{prompt} queries", 13, anchor="end")
+    slots(y, 0, set(range(prompt)))
+    dr.text(x0 + max_len * cell + 12, y + 17, f"writes {prompt}", 14, anchor="start")
+    for s in steps:
+        y += row
+        dr.text(x0 - 12, y + 10, f"step t = {s}", 15, anchor="end", weight="600")
+        dr.text(x0 - 12, y + 28, "1 query", 13, anchor="end")
+        slots(y, s, {s})
+        dr.arrow((x0 + s * cell + cell / 2, y + 36), (x0 + s * cell + cell / 2, y + 44), (x0 + 6, y + 44),
+                 color=BLUE, width=1.5)             # the new query reads every cached slot
+        dr.text(x0 + max_len * cell + 12, y + 17, f"attends to {s + 1}, writes 1", 14, anchor="start")
+    ly = y + row + 6
+    dr.rect(x0, ly, 18, 18, GREEN, 0.5, stroke=INK, width=2)
+    dr.text(x0 + 26, ly + 9, "written this pass", 14, anchor="start")
+    dr.rect(x0 + 180, ly, 18, 18, BLUE, 0.3)
+    dr.text(x0 + 206, ly + 9, "cached, read", 14, anchor="start")
+    dr.rect(x0 + 330, ly, 18, 18, INK, 0.04, stroke=INK, dashed=True, width=1)
+    dr.text(x0 + 356, ly + 9, "allocated, empty", 14, anchor="start")
+    dr.text(W / 2, H - 16, "the write position = the cache's length = the new token's position", 14)
+    return dr.diagram()
+
+
+def kv_head_sharing(n_heads: int = 8, kv_heads=(8, 2, 1), head_dim: int = 128) -> Diagram:
+    """MHA, GQA and MQA side by side: which key/value head each query head reads, and the cache.
+
+    The grouping is the library's: :func:`attnlab.attention.repeat_kv` is run on the KV-head
+    indices, so query head i reads KV head i // (h / h_kv). Under each panel: the values cached
+    per token and layer, 2 h_kv d, and how many times ``repeat_kv`` copies each KV head.
+    """
+    from .attention import repeat_kv
+
+    kv_heads = tuple(int(g) for g in kv_heads)
+    if not (1 <= n_heads <= 12 and kv_heads and all(1 <= g <= n_heads and n_heads % g == 0 for g in kv_heads)):
+        raise ValueError(f"kv_head_sharing: every KV-head count must divide n_heads={n_heads}, got {kv_heads}")
+    names = {n_heads: "MHA", 1: "MQA"}
+    pw, gap = 250, 20
+    W, H = len(kv_heads) * (pw + gap) + gap, 330
+    dr = Drawing(_name("kv_head_sharing", n_heads, kv_heads, head_dim), W, H,
+                 f"{n_heads} query heads sharing " + ", ".join(str(g) for g in kv_heads) + " key/value heads",
+                 f"Three ways to share keys and values among {n_heads} query heads. "
+                 + " ".join(f"With {g} KV head{'s' if g > 1 else ''} ({names.get(g, 'GQA')}) query head i "
+                            f"reads KV head "
+                            f"i // {n_heads // g}; the cache holds 2 × {g} × {head_dim} = {2 * g * head_dim} "
+                            f"values per token and layer, and repeat_kv lines the KV heads up with the queries "
+                            + ("without copying." if g == n_heads else f"by copying each {n_heads // g} times "
+                               "(a kernel that folds a group's query heads into rows reads it in place).")
+                            for g in kv_heads))
+    for p, g in enumerate(kv_heads):
+        group = repeat_kv(torch.arange(g, dtype=torch.float32).view(g, 1, 1), n_heads // g)
+        reads = [int(v) for v in group.flatten().tolist()]      # query head i -> KV head reads[i]
+        x = gap + p * (pw + gap)
+        dr.text(x + pw / 2, 24, f"{names.get(g, 'GQA')}: h_{{kv}} = {g}", 16, weight="700")
+        qw = pw / n_heads
+        kw = pw / g
+        for i in range(n_heads):
+            dr.rect(x + i * qw + 2, 50, qw - 4, 30, PALETTE[reads[i] % 4], 0.35, rx=4)
+            dr.text(x + i * qw + qw / 2, 65, f"q{_sub(i)}", 13)
+            dr.line((x + i * qw + qw / 2, 82), (x + reads[i] * kw + kw / 2, 178), width=1.2)
+        for j in range(g):
+            dr.rect(x + j * kw + 3, 180, kw - 6, 44, PALETTE[j % 4], 0.35, rx=6, stroke=INK, width=1.5)
+            if kw >= 50:
+                dr.text(x + j * kw + kw / 2, 202, f"K,V{_sub(j)}", 13)
+            else:                                   # too narrow for one line: K above V
+                dr.text(x + j * kw + kw / 2, 193, f"K{_sub(j)}", 13)
+                dr.text(x + j * kw + kw / 2, 211, f"V{_sub(j)}", 13)
+        dr.text(x + pw / 2, 250, f"cached per token and layer:", 14)
+        dr.text(x + pw / 2, 272, f"2 × {g} × {head_dim} = {2 * g * head_dim} values", 14, weight="600")
+        dr.text(x + pw / 2, 300, "repeat_kv: no copy" if g == n_heads else
+                f"repeat_kv: each KV head {n_heads // g}×", 14)
+    return dr.diagram()
+
+
+ALL += [prefill_decode, kv_head_sharing]
+
+
+# ----------------------------------------------------------------------------- chapter 04: micro-GPT
+
+def microgpt_architecture(config=None) -> Diagram:
+    """MicroGPT from token ids to next-character probabilities, with each part's parameter count.
+
+    Data flow upward: token embedding E and position embedding P are added, ``n_layers`` pre-LN
+    blocks (LN → causal multi-head attention → ⊕, LN → FFN → ⊕) update the residual stream, a
+    final LayerNorm and the LM head W_U give logits (b, L, V). With ``tie_weights`` the head is E
+    itself (a dashed link). The counts come from a :class:`attnlab.models.MicroGPT` built on the
+    meta device from ``config`` (default: the book's shipped target, V = 103, L = 64, 3 × 128).
+    """
+    from .models import GPTConfig, MicroGPT
+
+    if config is None:
+        config = GPTConfig(vocab_size=103, max_len=64, n_layers=3, d_model=128, n_heads=4)
+    if not isinstance(config, GPTConfig):
+        raise TypeError(f"microgpt_architecture: config must be a GPTConfig, got {type(config).__name__}")
+    with torch.device("meta"):
+        model = MicroGPT(config)
+    count = lambda m: sum(p.numel() for p in m.parameters())
+    c, total = config, count(model)
+    per_block = count(model.blocks[0])
+    head = 0 if c.tie_weights else c.vocab_size * c.d_model
+    W, H, sx = 760, 700, 240
+    tied = "tied to E" if c.tie_weights else "its own V × d matrix"
+    dr = Drawing(_name("microgpt_architecture", c.vocab_size, c.max_len, c.n_layers, c.d_model, c.n_heads,
+                       c.tie_weights, c.final_norm), W, H,
+                 f"MicroGPT: {c.n_layers} blocks of width {c.d_model}, {total:,} parameters",
+                 f"Data flows upward. Token ids (b, L) index the token embedding E (V × d = {c.vocab_size} × "
+                 f"{c.d_model}) and the position embedding P (L × d = {c.max_len} × {c.d_model}); their sum "
+                 f"is the residual stream x (b, L, d). {c.n_layers} pre-LN blocks each add a causal multi-head "
+                 f"attention branch and a feed-forward branch to the stream ({per_block:,} parameters per "
+                 f"block). A final LayerNorm and the LM head, {tied}, turn the stream into logits (b, L, V), "
+                 f"one score per character at every position; a softmax gives the next-character "
+                 f"probabilities. Total {total:,} parameters.")
+    dr.text(W / 2, 24, f"MicroGPT: V = {c.vocab_size}, L = {c.max_len}, d = {c.d_model}, "
+            f"{c.n_heads} heads, {c.n_layers} blocks", 17, weight="700")
+    # inputs
+    dr.text(sx, 676, "token ids idx (b, L)", 15, italic=True)
+    dr.box(46, 600, 190, 44, "token embedding E", "V × d, row idx", color=SKY, size=14)
+    dr.box(250, 600, 190, 44, "position embedding P", "L × d, rows 0..L−1", color=SKY, size=14)
+    dr.arrow((sx - 60, 662), (141, 646))
+    dr.arrow((sx + 60, 662), (345, 646))
+    dr.arrow((141, 600), (sx - 14, 566))
+    dr.arrow((345, 600), (sx + 14, 566))
+    _add(dr, sx, 556)
+    dr.text(sx - 24, 556, "x (b, L, d)", 14, anchor="end")
+    # the residual stream and one block, repeated
+    dr.rect(110, 290, 440, 248, INK, 0.0, stroke=INK, rx=10, dashed=True)
+    dr.text(124, 310, f"block × {c.n_layers}", 15, anchor="start", weight="700")
+    dr.line((sx, 542), (sx, 266), width=5, color=GREEN)
+    for y_from, y_to, label, sub, colour in ((522, 434, "LN → causal attention", f"{c.n_heads} heads, sees j ≤ i",
+                                              BLUE),
+                                             (410, 322, "LN → feed-forward", f"d → {c.d_ff or 4 * c.d_model} → d",
+                                              ORANGE)):
+        dr.line((sx, y_from), (440, y_from), (440, y_from - 8))
+        dr.arrow((440, y_from - 8), (440, y_from - 14))
+        dr.box(340, y_to + 26, 200, y_from - y_to - 40, label, sub, color=colour, size=14)
+        dr.arrow((440, y_to + 26), (440, y_to), (sx + 14, y_to))
+        _add(dr, sx, y_to)
+    dr.text(sx - 16, 456, "residual", 14, anchor="end", color=GREEN, weight="600")
+    dr.text(sx - 16, 476, "stream", 14, anchor="end", color=GREEN, weight="600")
+    # output
+    dr.box(sx - 70, 226, 140, 38, "final LayerNorm" if c.final_norm else "(no final LN)", color=PURPLE)
+    dr.arrow((sx, 226), (sx, 200))
+    dr.box(sx - 90, 156, 180, 44, "LM head W_{U}", "= E (tied)" if c.tie_weights else "V × d", color=VERMILLION)
+    dr.arrow((sx, 156), (sx, 126))
+    dr.text(sx, 112, "logits (b, L, V)", 15, italic=True)
+    dr.arrow((sx, 98), (sx, 76))
+    dr.text(sx, 62, "softmax: p(next character | x_{≤i})", 15)
+    if c.tie_weights:
+        dr.line((46, 622), (30, 622), (30, 178), (sx - 92, 178), dashed=True, color=VERMILLION, width=2)
+        dr.text(38, 400, "one matrix: W_{U} = E", 14, anchor="start", color=VERMILLION, rotate=-90)
+    # parameter counts, from the library's model
+    rows = [("E (token embedding)", count(model.tok_emb)), ("P (positions)", count(model.pos_emb)),
+            (f"blocks ({c.n_layers} × {per_block:,})", c.n_layers * per_block),
+            ("final LayerNorm", count(model.norm_f)), ("LM head" + (" (tied: 0)" if c.tie_weights else ""), head)]
+    tx = 580
+    dr.text(tx, 150, "parameters", 15, anchor="start", weight="700")
+    for i, (name, n) in enumerate(rows):
+        dr.text(tx, 176 + i * 40, name, 14, anchor="start")
+        dr.text(tx, 195 + i * 40, f"{n:,}", 14, anchor="start", weight="600")
+    dr.line((tx, 372), (W - 16, 372), width=1)
+    dr.text(tx, 392, f"total {total:,}", 15, anchor="start", weight="700")
+    return dr.diagram()
+
+
+def sampling_pipeline(logits=(2.0, 1.6, 1.0, 0.2, -0.5), labels=("e", "␣", "t", "a", "s"),
+                      temperature: float = 0.7, top_k: int = 3) -> Diagram:
+    """Sampling one token: logits z → z / T → keep the k largest → softmax → draw.
+
+    Four panels of bars, one per stage, with the values printed; the probabilities are
+    ``softmax`` of the kept, temperature-scaled logits (the distribution
+    :func:`attnlab.models.sample_next` draws from), the dropped tokens get probability 0.
+    """
+    z = torch.tensor(logits, dtype=torch.float64)
+    if z.dim() != 1 or not 2 <= len(z) <= 8 or len(labels) != len(z):
+        raise ValueError(f"sampling_pipeline: needs 2 to 8 logits and one label each, got {len(z)} logits, "
+                         f"{len(labels)} labels")
+    if temperature <= 0 or not 1 <= top_k <= len(z):
+        raise ValueError(f"sampling_pipeline: needs temperature > 0 and 1 <= top_k <= {len(z)}, "
+                         f"got {temperature}, {top_k}")
+    scaled = z / temperature
+    kth = torch.topk(scaled, top_k).values[-1]
+    kept = scaled >= kth
+    p = torch.softmax(scaled.masked_fill(~kept, float("-inf")), 0)
+    n = len(z)
+    W, H = 760, 370
+    dr = Drawing(_name("sampling_pipeline", tuple(logits), tuple(labels), temperature, top_k), W, H,
+                 f"Sampling with temperature {temperature:g} and top-{top_k}",
+                 "Four stages from left to right. Logits z = " + ", ".join(f"{v:g}" for v in z.tolist())
+                 + f"; divided by T = {temperature:g}; only the {top_k} largest kept, the rest set to −∞; "
+                 "softmax gives probabilities " + ", ".join(f"{lab}: {v:.2f}" for lab, v in zip(labels, p.tolist()))
+                 + "; one token is drawn from them.")
+    panels = [("logits z", z, None), (f"z / T   (T = {temperature:g})", scaled, None),
+              (f"top-{top_k}: others → −∞", scaled, kept), ("softmax → p", p, None)]
+    pw, base, scale = 170, 262, 36
+    top = max(max(abs(v) for v in scaled.tolist()), max(abs(v) for v in z.tolist()))
+    scale = min(scale, 150 / top)
+    for k, (title, values, keep) in enumerate(panels):
+        ox = 10 + k * (pw + 20)
+        dr.text(ox + pw / 2, 30, title, 15, weight="700")
+        bw = (pw - 20) / n
+        is_p = k == 3
+        zero = base if is_p else 170
+        dr.line((ox + 6, zero), (ox + pw - 6, zero), width=1)
+        for i, v in enumerate(values.tolist()):
+            x = ox + 10 + i * bw
+            dropped = keep is not None and not bool(keep[i])
+            if dropped:
+                dr.text(x + bw / 2, zero - 14, "−∞", 14, color=VERMILLION)
+            else:
+                h = v * (180 if is_p else scale)
+                y, hh = (zero - h, h) if h >= 0 else (zero, -h)
+                dr.rect(x + 3, y, bw - 6, max(hh, 1), GREEN if is_p else BLUE, 0.45, rx=2)
+                dr.text(x + bw / 2, (y - 10) if h >= 0 else (y + hh + 12), "0" if v == 0 else _minus(f"{v:.2f}"), 13)
+            dr.text(x + bw / 2, 290, labels[i], 15, weight="600")
+        if k < 3:
+            dr.arrow((ox + pw - 2, 110), (ox + pw + 18, 110), width=2)
+    dr.text(W / 2, H - 36, "draw one token with these probabilities (torch.multinomial)", 15)
+    dr.text(W / 2, H - 14, "T < 1 sharpens, T > 1 flattens; top-k removes the tail before the softmax", 14)
+    return dr.diagram()
+
+
+ALL += [microgpt_architecture, sampling_pipeline]
+
+
+# ----------------------------------------------------------------------------- chapter 06: differential attention, grokking
+
+def differential_head(scores1=(0.8, 0.5, 3.0, 0.7, 0.4, 0.9), scores2=(0.8, 0.5, 0.6, 0.7, 0.4, 0.9),
+                      lam: float | None = None, lambda_init: float = 0.2) -> Diagram:
+    """One differential head for one query (Ye et al. 2025, §2.1–2.2): two softmax rows over the same
+    keys, the second subtracted with weight λ, applied to one shared V, normalised per head and
+    scaled by (1 − λ_init).
+
+    The rows are computed here with torch.softmax from the given scores: A_1 = softmax(scores1),
+    A_2 = softmax(scores2), and the difference A_1 − λ A_2 (which sums to 1 − λ). On keys with equal
+    scores in both rows (common-mode noise) the difference is e^s (1/Z_1 − λ/Z_2): it cancels
+    exactly only at λ* = Z_2/Z_1, the default ``lam=None``; a larger λ overshoots below zero, a
+    smaller one leaves some weight. Weight only A_1 gives (the target) survives.
+    """
+    s1 = torch.tensor(scores1, dtype=torch.float64)
+    s2 = torch.tensor(scores2, dtype=torch.float64)
+    if s1.dim() != 1 or s1.shape != s2.shape or not 2 <= s1.numel() <= 8:
+        raise ValueError(f"differential_head: scores1 and scores2 must be equal-length sequences of 2 to 8 "
+                         f"scores, got {len(scores1)} and {len(scores2)}")
+    a1, a2 = torch.softmax(s1, 0), torch.softmax(s2, 0)
+    lam_star = (torch.logsumexp(s2, 0) - torch.logsumexp(s1, 0)).exp().item()   # Z_2 / Z_1
+    exact = lam is None or abs(lam - lam_star) < 1e-9
+    lam = lam_star if lam is None else lam
+    diff = a1 - lam * a2
+    diff = torch.where(diff.abs() < 1e-12, torch.zeros_like(diff), diff)   # no "−0.00"
+    m = s1.numel()
+    W, H = 800, 470
+    cell, x0 = 62, 172
+    dr = Drawing(_name("differential_head", tuple(scores1), tuple(scores2), lam, lambda_init), W, H,
+                 "A differential attention head",
+                 f"One query's two softmax rows over {m} keys. A_1 = softmax(Q_1 K_1ᵀ/√d) = "
+                 + ", ".join(f"{v:.2f}" for v in a1) + "; A_2 = softmax(Q_2 K_2ᵀ/√d) = "
+                 + ", ".join(f"{v:.2f}" for v in a2) + f". The difference A_1 − λ A_2 with λ = {lam:.2f} is "
+                 + ", ".join(f"{v:.2f}" for v in diff) + f": weight both rows give to a key cancels exactly "
+                 f"only at λ = Z_2/Z_1 = {lam_star:.2f}, weight "
+                 f"only the first gives survives, entries can be negative and the row sums to 1 − λ = "
+                 f"{1 - lam:.2f}. The difference multiplies one shared V (width 2d); the head's output is "
+                 f"normalised on its own (RMSNorm, a group norm with one group per head) and scaled by "
+                 f"1 − λ_init = {1 - lambda_init:.2f}.")
+    dr.text(W / 2, 22, "one query, one differential head", 16, weight="700")
+    for j in range(m):
+        dr.text(x0 + j * cell + cell / 2, 52, f"k{_sub(j + 1)}", 14)
+
+    def row(y, values, label, sub, negative_ok=False):
+        dr.text(x0 - 12, y + 20, label, 15, anchor="end", weight="600")
+        dr.text(x0 - 12, y + 40, sub, 13, anchor="end")
+        for j, v in enumerate(values.tolist()):
+            color = VERMILLION if v < 0 else BLUE
+            dr.rect(x0 + j * cell + 3, y + 2, cell - 6, 44, color, min(0.85, 0.08 + abs(v)), rx=4, stroke=INK,
+                    width=0.6)
+            dr.text(x0 + j * cell + cell / 2, y + 24, _minus(f"{v:.2f}"), 14, weight="600")
+
+    row(66, a1, "A_{1}", "softmax(Q_{1}K_{1}ᵀ/√d)")
+    row(136, a2, "A_{2}", "softmax(Q_{2}K_{2}ᵀ/√d)")
+    dr.text(x0 + m * cell + 14, 160, f"× λ = {lam:.2f}", 15, anchor="start")
+    dr.line((x0, 196), (x0 + m * cell, 196), width=1.5)
+    dr.text(x0 + m * cell + 14, 196, "subtract", 14, anchor="start")
+    row(206, diff, "A_{1} − λA_{2}", f"row sum 1 − λ = {1 - lam:.2f}", True)
+    ex = x0 + m * cell
+    if exact:
+        note = ("λ = Z₂/Z₁: common", "weight cancels exactly")
+    elif lam > lam_star:
+        note = ("λ > Z₂/Z₁ = " + f"{lam_star:.2f}:", "common weight overshoots")
+    else:
+        note = ("λ < Z₂/Z₁ = " + f"{lam_star:.2f}:", "common weight remains")
+    dr.text(ex + 14, 226, note[0], 13, anchor="start")
+    dr.text(ex + 14, 244, note[1], 13, anchor="start")
+    if (diff < 0).any():
+        dr.text(ex + 14, 262, "negative = pushed away", 13, anchor="start", color=VERMILLION)
+    # the rest of the head: shared V, per-head norm, scale
+    y = 330
+    steps = [("× V", "one V, width 2d", SKY), ("RMSNorm", "per head", PURPLE),
+             (f"× (1 − λ_init)", f"= {1 - lambda_init:.2f}", ORANGE), ("head out", "→ concat, W^O", GREEN)]
+    bw, gap = 150, 40
+    sx = (W - (len(steps) * bw + (len(steps) - 1) * gap)) / 2
+    dr.arrow((x0 + m * cell / 2, 256), (sx + bw / 2, y - 4))
+    for i, (label, sub, color) in enumerate(steps):
+        bx = sx + i * (bw + gap)
+        dr.box(bx, y, bw, 56, label, sub, color=color)
+        if i + 1 < len(steps):
+            dr.arrow((bx + bw + 2, y + 28), (bx + bw + gap - 2, y + 28))
+    dr.text(W / 2, H - 48, "λ = exp(λ_{q1}·λ_{k1}) − exp(λ_{q2}·λ_{k2}) + λ_init,  "
+            "λ_init(l) = 0.8 − 0.6·exp(−0.3(l − 1))", 14)
+    dr.text(W / 2, H - 22, "with λ = 0 the head is one softmax map: standard attention with V of width 2d", 14)
+    return dr.diagram()
+
+
+def modular_clock(p: int = 11, k: int = 3, a: int = 4, b: int = 9) -> Diagram:
+    """Nanda et al.'s picture of modular addition: residue t sits at angle ω_k t on a circle
+    (ω_k = 2πk/p, one key frequency k), so adding residues adds angles, and the answer
+    c = (a + b) mod p is the residue whose angle the sum lands on.
+
+    Left: the p residues placed at ω_k t (a permutation of the circle when k is coprime to p),
+    a and b highlighted and the sum angle ω_k(a + b). Right: the identities the network
+    computes with the embedding's cos/sin columns, and the readout cos(ω_k(a + b − c)).
+    """
+    if not (isinstance(p, int) and 3 <= p <= 23):
+        raise ValueError(f"modular_clock: p must be an int between 3 and 23, got {p!r}")
+    if not (1 <= k <= p // 2 and math.gcd(k, p) == 1):
+        raise ValueError(f"modular_clock: k must be in 1..p // 2 and coprime to p={p}, got {k}")
+    if not (0 <= a < p and 0 <= b < p):
+        raise ValueError(f"modular_clock: a and b must be residues in 0..{p - 1}, got {a}, {b}")
+    c = (a + b) % p
+    W, H = 800, 430
+    cx, cy, r = 200, 215, 150
+    dr = Drawing(_name("modular_clock", p, k, a, b), W, H,
+                 f"Modular addition as rotation: p = {p}, key frequency k = {k}",
+                 f"A circle with the {p} residues t placed at angle ω t, ω = 2π·{k}/{p}. The embedding of t "
+                 f"holds cos(ω t) and sin(ω t), its point on this circle. a = {a} and b = {b} are marked; "
+                 f"adding their angles lands on the point of c = (a + b) mod {p} = {c}. The network adds the "
+                 f"angles with cos(ω(a+b)) = cos ωa cos ωb − sin ωa sin ωb (and the sine identity), and its "
+                 f"logit for each candidate c is proportional to cos(ω(a + b − c)), largest at c = {c}. A "
+                 f"grokked network uses a few such key frequencies at once; the Fourier transform of its "
+                 f"embedding table over the residues finds them.")
+    dr.circle(cx, cy, r, width=1.2)
+    omega = 2 * math.pi * k / p
+    for t in range(p):
+        ang = omega * t
+        x, y = cx + r * math.cos(ang), cy - r * math.sin(ang)
+        role = {a: BLUE, b: ORANGE, c: GREEN}.get(t)
+        dr.circle(x, y, 13 if role else 9, color=role or INK, fill_opacity=0.35 if role else 0.0,
+                  width=2 if role else 1)
+        lx, ly = cx + (r + 28) * math.cos(ang), cy - (r + 28) * math.sin(ang)
+        dr.text(lx, ly, str(t), 14, weight="700" if role else None)
+    for t, color, name in ((a, BLUE, "a"), (b, ORANGE, "b"), (c, GREEN, "c")):
+        ang = omega * t
+        dr.arrow((cx, cy), (cx + (r - 16) * math.cos(ang), cy - (r - 16) * math.sin(ang)), color=color,
+                 width=2.5 if name == "c" else 1.8)
+        dr.text(cx + (r * 0.55) * math.cos(ang) + 12, cy - (r * 0.55) * math.sin(ang) - 10, name, 15,
+                color=color, weight="700", italic=True)
+    tx = 410
+    lines = [(f"p = {p}, key frequency k = {k}, ω = 2π·{k}/{p}", "700"),
+             ("residue t sits at angle ωt: E_{t} holds cos ωt, sin ωt", None),
+             (f"a = {a}, b = {b}: angles add (mod 2π)", None),
+             ("cos ω(a+b) = cos ωa cos ωb − sin ωa sin ωb", None),
+             ("sin ω(a+b) = sin ωa cos ωb + cos ωa sin ωb", None),
+             ("logit(c) ∝ cos ω(a + b − c)", None),
+             (f"largest at c = (a + b) mod p = {c}", "700"),
+             ("a grokked network uses a few key k at once;", None),
+             ("the DFT of its embedding over t finds them", None)]
+    for i, (s, weight) in enumerate(lines):
+        dr.text(tx, 60 + i * 38, s, 15, anchor="start", weight=weight,
+                color=GREEN if i == 6 else INK)
+    return dr.diagram()
+
+
+ALL += [differential_head, modular_clock]
+
+
+# ----------------------------------------------------------------------------- chapter 14: frontiers
+
+def mla_compression(d_model: int = 7168, n_heads: int = 128, d_head: int = 128, d_latent: int = 512,
+                    d_rope: int = 64) -> Diagram:
+    """Multi-head latent attention's path: x_t is down-projected to c_t (cached, with the shared
+    RoPE key), and each head's key and value are up-projected from c_t; the absorbed form moves
+    W_uk onto the query and W_uv past the weighted sum, so attention reads c_t directly.
+    """
+    if min(d_model, n_heads, d_head, d_latent, d_rope) < 1:
+        raise ValueError(f"mla_compression: all sizes must be >= 1, got {d_model}, {n_heads}, {d_head}, "
+                         f"{d_latent}, {d_rope}")
+    mha, mla = 2 * n_heads * d_head, d_latent + d_rope
+    W, H = 640, 430
+    dr = Drawing(_name("mla_compression", d_model, n_heads, d_head, d_latent, d_rope), W, H,
+                 "Multi-head latent attention: cache a latent, up-project per head",
+                 f"The hidden state x_t of width {d_model} is down-projected by W_dkv to a latent c_t of width "
+                 f"{d_latent}, and by W_kr to a rotary key of width {d_rope}; these {mla} numbers are the "
+                 f"cache. Each of {n_heads} heads up-projects c_t with W_uk and W_uv to a key and a value of width "
+                 f"{d_head}: {mha} numbers per token if cached, {mha / mla:.1f} times more. The absorbed form "
+                 f"multiplies W_uk into the query and W_uv after the weighted sum.")
+    dr.box(20, 170, 110, 60, "x_{t}", f"width {d_model}", GREEN)
+    dr.box(215, 120, 130, 56, "c_{t}", f"latent, {d_latent}", BLUE, fill_opacity=0.35)
+    dr.box(215, 230, 130, 56, "kᴿ_{t}", f"RoPE key, {d_rope}", BLUE, fill_opacity=0.35)
+    dr.rect(200, 104, 160, 198, BLUE, 0.04, stroke=BLUE, rx=8, dashed=True)
+    dr.text(280, 92, f"cached: {mla} numbers per token", 14, weight="600")
+    dr.arrow((130, 190), (212, 150), label="W_{dkv} (down)", label_at=(150, 138))
+    dr.arrow((130, 210), (212, 258), label="W_{kr}", label_at=(150, 262))
+    for i, (y, lab) in enumerate(((40, "k_{t,1} = c_{t} W_{uk,1}"), (100, "v_{t,1} = c_{t} W_{uv,1}"),
+                                  (180, f"… {n_heads} heads …"), (250, f"k_{{t,{n_heads}}}"),
+                                  (310, f"v_{{t,{n_heads}}}"))):
+        if i == 2:
+            dr.text(530, y + 22, lab, 14)
+            continue
+        dr.box(440, y, 180, 44, lab, f"width {d_head}", ORANGE if "k" in lab[:1] else PURPLE, size=13)
+        dr.arrow((345, 148), (436, y + 22), color=INK, width=1.1)
+    dr.text(515, 20, "per head, not cached", 13, weight="600")
+    dr.text(W / 2, H - 46, f"MHA would cache 2 · {n_heads} · {d_head} = {mha} numbers per token and layer", 14)
+    dr.text(W / 2, H - 22, "absorbed: q·(c W_{uk}) = (q W_{uk}ᵀ)·c, so attention runs on c_{t} itself", 14)
+    return dr.diagram()
+
+
+def ring_pass(n_devices: int = 4, step: int = 1) -> Diagram:
+    """Ring attention at one step: device i holds query block Q_i and the K/V block (i − step) mod P,
+    and passes it on to device i + 1 while computing; after P steps every device has seen every block.
+    """
+    if not (isinstance(n_devices, int) and isinstance(step, int) and 2 <= n_devices <= 8
+            and 0 <= step < n_devices):
+        raise ValueError(f"ring_pass: needs 2 <= n_devices <= 8 and 0 <= step < n_devices, "
+                         f"got n_devices={n_devices}, step={step}")
+    import math as _m
+    W, H = 600, 470
+    cx, cy, R = 300, 225, 150
+    holds = [(i - step) % n_devices for i in range(n_devices)]
+    dr = Drawing(_name("ring_pass", n_devices, step), W, H,
+                 f"Ring attention on {n_devices} devices, step {step}",
+                 f"{n_devices} devices on a ring. At step {step} device i keeps its queries Q_i and holds key/value "
+                 "block (i − step) mod P: " + ", ".join(f"device {i} holds K/V {j}" for i, j in enumerate(holds))
+                 + ". Each computes a partial output with its log-sum-exp, merges it into its running result, and "
+                 "sends the block to the next device while receiving one. After P steps every device has seen "
+                 "every block.")
+    pos = [(cx + R * _m.sin(2 * _m.pi * i / n_devices), cy - R * _m.cos(2 * _m.pi * i / n_devices))
+           for i in range(n_devices)]
+    for i, (x, y) in enumerate(pos):
+        dr.rect(x - 62, y - 34, 124, 68, SKY, 0.18, stroke=INK, rx=8)
+        dr.text(x, y - 17, f"device {i}: Q{_sub(i)}", 14, weight="600")
+        dr.rect(x - 44, y - 4, 88, 28, ORANGE, 0.35, rx=4)
+        dr.text(x, y + 10, f"K{_sub(holds[i])}, V{_sub(holds[i])}", 14)
+        nx, ny = pos[(i + 1) % n_devices]
+        mx, my = (x + nx) / 2, (y + ny) / 2
+        pull = 0.22
+        dr.arrow((x + (mx - x) * 0.55 + (cx - mx) * -pull, y + (my - y) * 0.55 + (cy - my) * -pull),
+                 (nx + (mx - nx) * 0.55 + (cx - mx) * -pull, ny + (my - ny) * 0.55 + (cy - my) * -pull),
+                 color=ORANGE, width=2)
+    dr.text(cx, cy - 8, f"step {step} of {n_devices}", 15, weight="600")
+    dr.text(cx, cy + 14, "orange: K/V block in flight", 13)
+    dr.text(W / 2, H - 34, "each step: Oᵢ, ℓᵢ ← merge(Oᵢ, ℓᵢ, attn(Qᵢ, Kⱼ, Vⱼ)); then send Kⱼ, Vⱼ on", 14)
+    dr.text(W / 2, H - 12, f"after {n_devices} steps device i has merged all {n_devices} blocks: exact attention", 14)
+    return dr.diagram()
+
+
+def speculative_step(gamma: int = 4, accepted: int = 2, tokens=("d", "e", "f", " ", "x")) -> Diagram:
+    """One step of speculative decoding: the draft proposes γ tokens one by one, the target scores
+    all of them in one pass, the first ``accepted`` are kept, the next is replaced by a sample
+    from the residual (or, if all γ are kept, a bonus token is added).
+    """
+    if not (isinstance(gamma, int) and 1 <= gamma <= 6 and 0 <= accepted <= gamma and len(tokens) >= gamma):
+        raise ValueError(f"speculative_step: needs 1 <= gamma <= 6, 0 <= accepted <= gamma and at least gamma "
+                         f"tokens, got gamma={gamma}, accepted={accepted}, {len(tokens)} tokens")
+    cell, x0 = 96, 40
+    W, H = max(620, x0 + (gamma + 1) * cell + 20), 380
+    emitted = accepted + 1
+    dr = Drawing(_name("speculative_step", gamma, accepted, tuple(tokens)), W, H,
+                 f"Speculative decoding: {gamma} drafts, {accepted} accepted",
+                 f"The draft model runs {gamma} times to propose {gamma} tokens. The target runs once over all of "
+                 f"them and gives {gamma + 1} distributions. Drafts 1 to {accepted} pass the test "
+                 f"u < p(x)/q(x); " + (f"draft {accepted + 1} is rejected and replaced by a sample from "
+                                        f"max(0, p − q); later drafts are discarded. "
+                                        if accepted < gamma else "all pass, so a bonus token comes from the "
+                                        "target's last distribution. ")
+                 + f"The step emits {emitted} tokens for one target pass.")
+    dr.text(20, 30, f"draft: {gamma} small passes, one token each", 15, anchor="start", weight="600")
+    for i in range(gamma):
+        x = x0 + i * cell
+        dr.box(x, 46, cell - 10, 44, tokens[i] if tokens[i].strip() else "␣", f"q_{{{i + 1}}}", SKY, size=16)
+        if i:
+            dr.arrow((x - 10, 68), (x - 2, 68), width=1.2)
+    dr.text(20, 140, "target: one pass over all drafts → p_{1} … p_{γ+1}", 15, anchor="start", weight="600")
+    dr.rect(x0, 152, gamma * cell, 40, PURPLE, 0.22, rx=6)
+    dr.text(x0 + gamma * cell / 2, 172, f"1 forward pass, {gamma + 1} positions", 14)
+    dr.text(20, 240, "verify: keep with probability min(1, p/q)", 15, anchor="start", weight="600")
+    for i in range(gamma + 1):
+        x = x0 + i * cell
+        if i < accepted:
+            dr.box(x, 256, cell - 10, 44, "✓ keep", "", GREEN, size=14, fill_opacity=0.35)
+        elif i == accepted and accepted < gamma:
+            dr.box(x, 256, cell - 10, 44, "✗ reject", "max(0,p−q)", VERMILLION, size=14, fill_opacity=0.3)
+        elif i == gamma and accepted == gamma:
+            dr.box(x, 256, cell - 10, 44, "+ bonus", "from p_{γ+1}", GREEN, size=14, fill_opacity=0.5)
+        elif i < gamma:
+            dr.rect(x, 256, cell - 10, 44, INK, 0.05, rx=6, dashed=True)
+            dr.text(x + (cell - 10) / 2, 278, "discarded", 13)
+    dr.text(W / 2, H - 36, f"emitted this step: {emitted} token{'s' if emitted > 1 else ''} for 1 target pass "
+                           f"(at most γ + 1 = {gamma + 1})", 15)
+    dr.text(W / 2, H - 12, "each emitted token is distributed exactly as the target's own sample", 13)
+    return dr.diagram()
+
+
+ALL += [mla_compression, ring_pass, speculative_step]

@@ -61,19 +61,25 @@ def gd_weights(d: int, eta: float, dtype=torch.float64) -> tuple[torch.Tensor, t
     return w_kq, w_pv
 
 
-def gd_predictions(prompts: RegressionPrompts, eta: float, steps: int) -> torch.Tensor:
+def gd_predictions(prompts: RegressionPrompts, eta, steps: int) -> torch.Tensor:
     r"""Predictions for x_test after 1..steps of gradient descent from w = 0, (steps, b).
 
-    Loss :math:`\frac{1}{2N}\sum_i (w\cdot x_i - y_i)^2`, update :math:`w \leftarrow w - \eta \nabla L`.
+    Loss :math:`\frac{1}{2N}\sum_i (w\cdot x_i - y_i)^2`, update
+    :math:`w \leftarrow w - \eta_k \nabla L` at step k. ``eta``: one step size for every
+    step, or a sequence of ``steps`` step sizes (a per-step schedule).
     """
     _check_prompts("gd_predictions", prompts)
     _checks.ints("gd_predictions", steps=steps)
+    etas = [float(eta)] * steps if isinstance(eta, (int, float)) else [float(e) for e in eta]
+    if len(etas) != steps:
+        raise ValueError(f"eta must be a number or a sequence of steps={steps} step sizes, "
+                         f"got {len(etas)}")
     x, y = prompts.x, prompts.y
     w = torch.zeros_like(prompts.x_test)
     out = []
-    for _ in range(steps):
+    for eta_k in etas:
         residual = torch.einsum("bnd,bd->bn", x, w) - y
-        w = w - eta * torch.einsum("bn,bnd->bd", residual, x) / x.shape[1]
+        w = w - eta_k * torch.einsum("bn,bnd->bd", residual, x) / x.shape[1]
         out.append((w * prompts.x_test).sum(-1))
     return torch.stack(out)
 

@@ -8,7 +8,8 @@ KV-cache sizes at 256K tokens).
 
 A decoder that has produced t tokens has already computed the keys and values of those t
 tokens in every layer. Keeping them means each new token costs one query against t stored
-keys instead of a forward pass over all t tokens again.
+keys instead of a forward pass over all t tokens again. (Cross-attention's keys and values come
+from a fixed context and are computed once: :meth:`attnlab.attention.MultiHeadAttention.context_kv`.)
 
 Shapes (see the package docstring for the glossary):
     k, v      (b, h_kv, n, d)         the keys and values of n new tokens in one layer
@@ -32,8 +33,10 @@ class LayerKVCache:
 
     .. math:: K_{1:t} = \mathrm{concat}(K_{1:t-n}, K_{t-n+1:t}), \qquad V_{1:t} \text{ likewise}
 
-    Writing into a preallocated buffer, not ``torch.cat``, keeps each step O(n d) in copying
-    instead of O(t d), and the memory fixed from the start.
+    Writing into a preallocated buffer copies only the n new rows. Growing the cache with
+    ``torch.cat`` would copy all t rows at every step: O(t d), the same order as the attention
+    read of those rows, so it roughly doubles a step's memory traffic (plus an allocation per
+    step) without changing the O(N² d) total. The buffer also fixes the memory from the start.
     """
 
     def __init__(self, batch: int, n_kv_heads: int, max_len: int, head_dim: int, *,
@@ -154,7 +157,8 @@ class CacheSpec:
 
     n_layers: layers that hold a cache (in Jamba, its attention layers only);
     latent_dim, rope_dim: set for MLA (then n_kv_heads and head_dim describe the heads the
-    latent expands into); window: sliding-window length, if any.
+    latent expands into); window: sliding-window length, if any; version: the release the
+    numbers describe, where releases differ (Mistral-7B v0.1 has the window, v0.2 not).
     """
 
     name: str
@@ -166,6 +170,12 @@ class CacheSpec:
     latent_dim: int | None = None
     rope_dim: int = 0
     source: str = ""
+    version: str = ""
+
+    @property
+    def label(self) -> str:
+        """The name with its version, e.g. "Mistral-7B v0.1" (the key in PRESETS is the name)."""
+        return f"{self.name} {self.version}" if self.version else self.name
 
     @property
     def variant(self) -> str:
@@ -184,8 +194,10 @@ class CacheSpec:
 
 PRESETS: dict[str, CacheSpec] = {spec.name: spec for spec in (
     CacheSpec("Llama-2-7B", 32, 32, 128, 32, source="Touvron et al. 2023, Llama 2, table 1 / released config"),
-    CacheSpec("Llama-3-8B", 32, 8, 128, 32, source="Meta 2024, Llama 3 released config (GQA, 8 KV heads)"),
-    CacheSpec("Mistral-7B", 32, 8, 128, 32, window=4096, source="Jiang et al. 2023, Mistral 7B, table 1"),
+    CacheSpec("Llama-3-8B", 32, 8, 128, 32,
+              source="Llama Team 2024, The Llama 3 Herd of Models, table 3, and the released config (8 KV heads)"),
+    CacheSpec("Mistral-7B", 32, 8, 128, 32, window=4096, version="v0.1",
+              source="Jiang et al. 2023, Mistral 7B, table 1: v0.1, sliding window 4096 (v0.2 has no window)"),
     CacheSpec("Mixtral-8x7B", 32, 8, 128, 32, source="Jiang et al. 2024, Mixtral of Experts, table 1"),
     CacheSpec("DeepSeek-V2", 60, 128, 128, 128, latent_dim=512, rope_dim=64,
               source="DeepSeek-AI 2024, DeepSeek-V2, section 2.1 and appendix (d_c = 4 d_h, d_h^R = d_h / 2)"),
@@ -220,6 +232,10 @@ def decode_flops(prompt_len: int, new_tokens: int, d_model: int, n_layers: int =
 
     .. math:: \text{uncached: } \sum_{s} \big(c\,t + 4 t^2 d\big) \approx c\,\tfrac{N^2}{2} + \tfrac43 N^3 d,
               \qquad \text{cached: } c\,p + 4p^2 d + \sum_{s \ge 1} \big(c + 4 t d\big) \approx c\,N + 2 N^2 d
+
+    Two simplifications: the masked scores are counted as if computed (4 t² d per uncached step;
+    a causal kernel that skips them does half), and the LM head is left out (the uncached loop
+    runs it over all t positions unless it keeps only the last, the cached loop over one).
 
     Returns {"attention": ..., "other": ..., "total": ...} summed over layers.
     """

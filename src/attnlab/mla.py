@@ -93,3 +93,25 @@ class MultiHeadLatentAttention(nn.Module):
             keys = torch.cat([k, k_rope.expand(-1, self.n_heads, -1, -1)], dim=-1)
             heads = scaled_dot_product_attention(torch.cat([q, q_rope], dim=-1), keys, v, causal=True, scale=scale)
         return self.w_o(heads.transpose(1, 2).reshape(b, L, self.n_heads * self.d_head))
+
+
+def mla_parameters(d_model: int, n_heads: int, d_head: int, d_latent: int, d_rope: int, *,
+                   d_q_latent: int | None = None, d_v: int | None = None) -> int:
+    r"""Weights of one MLA layer (DeepSeek-V2/V3 form, no biases, the two latent RMSNorm gains counted).
+
+    .. math:: \underbrace{d\,d_q' + d_q' h (d_h + d_{rope})}_{\text{queries (low-rank if } d_q'\text{)}}
+              + \underbrace{d (d_c + d_{rope})}_{W_{dkv}, W_{kr}} + d_c h (d_h + d_v) + h d_v d
+              \; [+ d_q' + d_c]
+
+    Without ``d_q_latent`` the queries are a full projection, :math:`d\,h(d_h + d_{rope})`
+    (as in :class:`MultiHeadLatentAttention`). ``d_v`` defaults to ``d_head``.
+    """
+    for name, value in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head), ("d_latent", d_latent),
+                        ("d_rope", d_rope)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"mla_parameters: {name} must be a positive int, got {value!r}")
+    d_v = d_head if d_v is None else d_v
+    q_width = n_heads * (d_head + d_rope)
+    queries = d_model * q_width if d_q_latent is None else d_model * d_q_latent + d_q_latent * q_width + d_q_latent
+    return (queries + d_model * (d_latent + d_rope) + d_latent + d_latent * n_heads * (d_head + d_v)
+            + n_heads * d_v * d_model)

@@ -150,3 +150,29 @@ def toy_routing_run(aux_weight: float, *, n_experts: int = 8, top_k: int = 1, st
     with torch.no_grad():
         mse = F.mse_loss(model(x.unsqueeze(0)).reshape(-1), target(x)).item()
     return {"steps": recorded_steps, "entropy": entropy, "load": moe.load.clone(), "mse": mse}
+
+
+def moe_model_parameters(*, n_layers: int, n_dense_layers: int, d_model: int, d_ff_dense: int, d_ff_expert: int,
+                         n_routed: int, n_shared: int, top_k: int, attention_per_layer: int, vocab: int,
+                         tied_embeddings: bool = False) -> dict[str, int]:
+    r"""Total and active (per token) weights of a decoder with fine-grained MoE feed-forward layers.
+
+    Every layer has attention (``attention_per_layer`` weights, e.g. :func:`attnlab.mla.mla_parameters`)
+    and two RMSNorm gains; the first ``n_dense_layers`` have a dense SwiGLU FFN of width
+    ``d_ff_dense``; the others ``n_routed`` routed and ``n_shared`` shared SwiGLU experts of width
+    ``d_ff_expert`` and a router (``n_routed`` × d). A token uses the shared experts and ``top_k`` routed ones:
+
+    .. math:: N_{active} = N_{total} - L_{moe}\,(n_{routed} - k)\,3\,d\,d_{ff}^{expert}
+    """
+    from .hybrid import ffn_parameters
+
+    if not 0 <= n_dense_layers <= n_layers or not 0 < top_k <= n_routed:
+        raise ValueError(f"moe_model_parameters: need 0 <= n_dense_layers <= n_layers and 0 < top_k <= n_routed, "
+                         f"got {n_dense_layers}, {n_layers}, {top_k}, {n_routed}")
+    expert = ffn_parameters(d_model, d_ff_expert)
+    moe_layers = n_layers - n_dense_layers
+    embeddings = vocab * d_model * (1 if tied_embeddings else 2)
+    total = (n_layers * (attention_per_layer + 2 * d_model) + n_dense_layers * ffn_parameters(d_model, d_ff_dense)
+             + moe_layers * ((n_routed + n_shared) * expert + n_routed * d_model) + embeddings + d_model)
+    active = total - moe_layers * (n_routed - top_k) * expert
+    return {"total": total, "active": active, "expert": expert, "moe layers": moe_layers, "embeddings": embeddings}

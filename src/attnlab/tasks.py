@@ -4,6 +4,7 @@ Shapes: b prompts, N context examples, d input dimension.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -63,19 +64,48 @@ def modular_addition(p: int = 97, train_fraction: float = 0.5, *, seed: int = 0)
     return ModularAddition(p, pairs[train], labels[train], pairs[val], labels[val])
 
 
-def python_docs_text() -> str:
-    """English prose that ships with every CPython: the help topics of ``pydoc`` (about 460 kB).
+SNAPSHOT_FILE = "microgpt_pydoc_topics.txt.gz"
+SNAPSHOT_PYTHON = "3.11.7"
 
-    ``pydoc_data.topics`` holds the reference-manual pages that ``help("assert")`` prints; they
-    are joined here in sorted order. Nothing is downloaded. Raises ImportError (never falls
-    back to a toy string) where a distribution has stripped ``pydoc_data``: pass a text file to
-    :func:`char_corpus` instead.
+
+def python_docs_text(*, source: str = "snapshot") -> str:
+    """English prose about Python: the help topics of ``pydoc`` (about 465 thousand characters).
+
+    ``pydoc_data.topics`` holds the reference-manual pages that ``help("assert")`` prints, joined
+    here in sorted order. They change between Python versions, so by default (``source="snapshot"``)
+    the text is the copy shipped in ``attnlab/data/microgpt_pydoc_topics.txt.gz``, taken from
+    CPython 3.11.7: every reader gets the same characters and the same ids, and shipped weights
+    stay valid. ``source="installed"`` reads this Python's own ``pydoc_data`` instead (ImportError,
+    never a toy fallback, where a distribution has stripped it). Nothing is downloaded.
     """
+    if source == "snapshot":
+        import gzip
+        from importlib import resources
+
+        return gzip.decompress(resources.files("attnlab").joinpath("data", SNAPSHOT_FILE).read_bytes()).decode("utf-8")
+    if source != "installed":
+        raise ValueError(f"source must be 'snapshot' or 'installed', got {source!r}")
     try:
         from pydoc_data.topics import topics
     except ImportError as err:
         raise ImportError("this Python has no pydoc_data module; pass char_corpus(path=...) a text file") from err
     return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+# A line made only of markup characters: a heading's underline or a table's border.
+_RULE_LINE = re.compile(r"^[ \t]*[=\-~^*+|][ \t=\-~^*+|]*$\n?", re.MULTILINE)
+
+
+def clean_markup(text: str) -> str:
+    """Drop the lines of a plain-text rendering of reStructuredText that are pure markup.
+
+    A line whose visible characters are all from ``= - ~ ^ * + |`` (a heading's underline, a
+    table's border) is removed; its heading text stays. Runs of three or more newlines left
+    behind shrink to two. Everything else, prose, code and quotes, is kept as it is.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"clean_markup: text must be a str, got {type(text).__name__}")
+    return re.sub(r"\n{3,}", "\n\n", _RULE_LINE.sub("", text))
 
 
 @dataclass
@@ -120,9 +150,12 @@ class CharCorpus:
         return window[:, :-1].to(device), window[:, 1:].to(device)
 
 
-def char_corpus(path=None, *, text: str | None = None, val_fraction: float = 0.1) -> CharCorpus:
+def char_corpus(path=None, *, text: str | None = None, val_fraction: float = 0.1,
+                clean: bool = False) -> CharCorpus:
     """A character-level corpus from a text file at ``path``, from ``text``, or by default from
-    :func:`python_docs_text`. A missing file raises FileNotFoundError (no silent fallback)."""
+    :func:`python_docs_text` (the shipped snapshot, the same on every Python). A missing file
+    raises FileNotFoundError (no silent fallback). ``clean=True`` first removes markup-only
+    lines (:func:`clean_markup`). The last ``val_fraction`` of the text is the validation part."""
     if path is not None and text is not None:
         raise ValueError("pass path or text, not both")
     if path is not None:
@@ -130,6 +163,8 @@ def char_corpus(path=None, *, text: str | None = None, val_fraction: float = 0.1
             text = f.read()
     elif text is None:
         text = python_docs_text()
+    if clean:
+        text = clean_markup(text)
     if len(text) < 2:
         raise ValueError(f"text must have at least 2 characters, got {len(text)}")
     chars = sorted(set(text))
@@ -150,16 +185,31 @@ class RetrievalPrompts:
 
 
 def key_value_retrieval(batch: int, n_pairs: int = 32, *, n_keys: int = 64, n_values: int = 16,
-                        seed: int = 0) -> RetrievalPrompts:
+                        seed: int = 0, group_size: int = 1) -> RetrievalPrompts:
     """Prompts of ``n_pairs`` distinct random keys with random values, and a query for one of them.
 
     Pair token ``key * n_values + value``; query token ``n_keys * n_values + key``. The other
     n_pairs - 1 pairs are the distractors; a perfect reader puts all its attention on ``position``.
+
+    group_size > 1 makes near-duplicate keys: key ``k`` belongs to group ``k // group_size``,
+    and a prompt holds whole groups (n_pairs / group_size of the n_keys / group_size groups,
+    every member), so the queried key always has ``group_size - 1`` distractors from its own
+    group. A model that embeds a key as group + member (``RetrievalModel(group_size=...)``)
+    sees those distractors as half-matches of the query.
     """
     if not 1 <= n_pairs <= n_keys:
         raise ValueError(f"n_pairs must be between 1 and n_keys={n_keys}, got {n_pairs}")
+    if group_size < 1 or n_keys % group_size or n_pairs % group_size:
+        raise ValueError(f"group_size must be >= 1 and divide n_keys={n_keys} and n_pairs={n_pairs}, "
+                         f"got {group_size}")
     g = torch.Generator().manual_seed(seed)
-    keys = torch.rand(batch, n_keys, generator=g).argsort(-1)[:, :n_pairs]       # distinct keys
+    if group_size == 1:
+        keys = torch.rand(batch, n_keys, generator=g).argsort(-1)[:, :n_pairs]       # distinct keys
+    else:
+        n_groups, take = n_keys // group_size, n_pairs // group_size
+        groups = torch.rand(batch, n_groups, generator=g).argsort(-1)[:, :take]     # distinct groups
+        members = (groups.unsqueeze(-1) * group_size + torch.arange(group_size)).flatten(1)
+        keys = members.gather(1, torch.rand(batch, n_pairs, generator=g).argsort(-1))   # shuffled
     values = torch.randint(n_values, (batch, n_pairs), generator=g)
     position = torch.randint(n_pairs, (batch,), generator=g)
     rows = torch.arange(batch)

@@ -1,0 +1,186 @@
+"""Speculative decoding with the shipped chapter-4 pair, measured for γ = 1 … 6 at one thread.
+
+Chapter 14 runs one small case live; this command measures the whole range. The pair is the
+shipped ``target`` and ``draft`` micro-GPTs (:func:`attnlab.experiments.microgpt.load_pretrained`).
+``PROMPTS`` windows of ``PROMPT_LEN`` characters from the validation text are each continued by
+``NEW_TOKENS`` characters (prompt + new tokens fit the models' 64 positions), at temperature 1.
+
+For every γ the run records, summed over the prompts and ``SEEDS`` seeds:
+the drafts accepted and rejected (α = accepted / examined), the target passes ("steps"), the
+tokens per target pass, the CPU time spent inside the target's and the draft's forward calls
+during speculative sampling (the rest is the verify step and Python), and the time of speculative sampling against plain sampling from the
+target, both without a KV cache (``speculative_generate`` has none). Time is measured twice:
+wall time, and the CPU time of the decoding thread (``time.thread_time``), which a busy
+machine does not inflate. The ``"pair"`` point records the cost ratio c (draft forward time /
+target forward time at the lengths decoding uses), the models' validation losses, and the
+expected acceptance β = Σ_x min(p(x), q(x)) at held-out positions (mean and quantiles),
+whose spread is why a single α does not describe every step.
+
+    python -m attnlab.experiments.speculative_bench --smoke     # seconds, writes nothing
+    python -m attnlab.experiments.speculative_bench             # about two minutes at one thread
+
+Writes ``attnlab/data/speculative_bench.json`` after every point; ``--resume`` skips the
+points already there. It runs at one torch thread.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from ..bench import format_table
+from ..models import generate
+from ..speculative import acceptance_rate, expected_speedup, expected_tokens_per_step, speculative_generate
+from . import _sweep
+from .microgpt import load_pretrained
+
+DATA_FILE = "speculative_bench.json"
+COMMAND = "python -m attnlab.experiments.speculative_bench"
+PROMPTS, PROMPT_LEN, NEW_TOKENS, SEEDS = 12, 8, 48, 3
+GAMMAS = (1, 2, 3, 4, 5, 6)
+
+
+def prompts(corpus, count: int = PROMPTS, length: int = PROMPT_LEN) -> list[torch.Tensor]:
+    """``count`` (1, length) prompts cut from the validation text at fixed, evenly spaced places."""
+    ids = corpus.val_ids
+    starts = torch.linspace(0, len(ids) - length - 1, count).long().tolist()
+    return [ids[s:s + length].unsqueeze(0) for s in starts]
+
+
+class _Clocked:
+    """A model wrapper that adds up the calls and the thread CPU time spent inside them."""
+
+    def __init__(self, model):
+        self.model, self.calls, self.cpu = model, 0, 0.0
+
+    def __call__(self, ids):
+        start = time.thread_time()
+        out = self.model(ids)
+        self.cpu += time.thread_time() - start
+        self.calls += 1
+        return out
+
+
+def _timed(fn):
+    wall, cpu = time.perf_counter(), time.thread_time()
+    out = fn()
+    return out, time.perf_counter() - wall, time.thread_time() - cpu
+
+
+@torch.no_grad()
+def measure_pair(target, draft, corpus, *, windows: int = 64, repeats: int = 30) -> dict:
+    """c = draft / target forward time at the decoding lengths, and β at held-out positions."""
+    x, _ = corpus.batch(windows, 63, split="val", generator=torch.Generator().manual_seed(1))
+    beta = acceptance_rate(torch.softmax(target(x), -1), torch.softmax(draft(x), -1)).flatten()
+    lengths = range(PROMPT_LEN, PROMPT_LEN + NEW_TOKENS, 4)
+    times = {}
+    for name, model in (("target", target), ("draft", draft)):
+        for L in lengths:                                            # warm-up
+            model(x[:1, :L])
+        best_wall, best_cpu = [], []
+        for _ in range(3):
+            _, w, c = _timed(lambda: [model(x[:1, :L]) for L in lengths for _ in range(repeats)])
+            best_wall.append(w)
+            best_cpu.append(c)
+        times[name] = (min(best_wall), min(best_cpu))
+    qs = torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9])
+    return {"point": "pair", "cost_ratio_wall": times["draft"][0] / times["target"][0],
+            "cost_ratio_cpu": times["draft"][1] / times["target"][1],
+            "target_parameters": sum(p.numel() for p in target.parameters()),
+            "draft_parameters": sum(p.numel() for p in draft.parameters()),
+            "beta_mean": beta.mean().item(), "beta_quantiles": dict(zip(qs.tolist(), beta.quantile(qs).tolist())),
+            "beta_positions": beta.numel()}
+
+
+@torch.no_grad()
+def run_gamma(target, draft, corpus, gamma: int, *, n_prompts: int = PROMPTS, seeds: int = SEEDS,
+              new_tokens: int = NEW_TOKENS) -> dict:
+    """Counts and times of speculative sampling with ``gamma`` drafts against plain sampling."""
+    totals = {"steps": 0, "accepted": 0, "rejected": 0, "tokens": 0}
+    time_spec = [0.0, 0.0]
+    time_plain = [0.0, 0.0]
+    clocked_target, clocked_draft = _Clocked(target), _Clocked(draft)
+    for seed in range(seeds):
+        for i, prompt in enumerate(prompts(corpus, n_prompts)):
+            g = torch.Generator().manual_seed(1000 * seed + i)
+            (_, stats), w, c = _timed(lambda: speculative_generate(clocked_target, clocked_draft, prompt, new_tokens,
+                                                                   gamma=gamma,
+                                                                   generator=g))
+            time_spec[0] += w
+            time_spec[1] += c
+            for key in ("steps", "accepted", "rejected"):
+                totals[key] += stats[key]
+            totals["tokens"] += new_tokens
+            gp = torch.Generator().manual_seed(1000 * seed + i)
+            _, w, c = _timed(lambda: generate(target, prompt, new_tokens, use_cache=False, generator=gp))
+            time_plain[0] += w
+            time_plain[1] += c
+    alpha = totals["accepted"] / max(totals["accepted"] + totals["rejected"], 1)
+    return {"point": f"gamma={gamma}", "gamma": gamma, **totals, "alpha": alpha,
+            "tokens_per_pass": totals["tokens"] / totals["steps"],
+            "formula_tokens_per_pass": expected_tokens_per_step(alpha, gamma),
+            "plain_wall_s": time_plain[0], "spec_wall_s": time_spec[0],
+            "plain_cpu_s": time_plain[1], "spec_cpu_s": time_spec[1],
+            "speedup_wall": time_plain[0] / time_spec[0], "speedup_cpu": time_plain[1] / time_spec[1],
+            "spec_target_cpu_s": clocked_target.cpu, "spec_draft_cpu_s": clocked_draft.cpu,
+            "target_calls": clocked_target.calls, "draft_calls": clocked_draft.calls,
+            "cost_ratio_in_run": (clocked_draft.cpu / clocked_draft.calls) / (clocked_target.cpu / clocked_target.calls)}
+
+
+def summary(data: dict) -> list[dict]:
+    """One row per γ: measured α, tokens per pass, speed-ups, and the formula's predictions."""
+    pair = next(p for p in data["points"] if p["point"] == "pair")
+    rows = []
+    for p in sorted((p for p in data["points"] if p["point"] != "pair"), key=lambda p: p["gamma"]):
+        rows.append({"γ": p["gamma"], "α": p["alpha"], "tokens / pass": p["tokens_per_pass"],
+                     "formula": p["formula_tokens_per_pass"],
+                     "speed-up (CPU time)": p["speedup_cpu"], "speed-up (wall)": p["speedup_wall"],
+                     "predicted, measured c": expected_speedup(p["alpha"], p["gamma"], pair["cost_ratio_cpu"])})
+    return rows
+
+
+def load() -> dict:
+    """The shipped measurement."""
+    return _sweep.load_data(DATA_FILE)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="γ = 1, 2 on 2 prompts, one seed; writes nothing")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    target, corpus = load_pretrained("target")
+    draft, _ = load_pretrained("draft")
+    head = _sweep.header(COMMAND, prompts=PROMPTS, prompt_len=PROMPT_LEN, new_tokens=NEW_TOKENS, seeds=SEEDS,
+                         threads=torch.get_num_threads(), kv_cache=False)
+    if args.smoke:
+        points = [measure_pair(target, draft, corpus, windows=8, repeats=2),
+                  run_gamma(target, draft, corpus, 1, n_prompts=2, seeds=1),
+                  run_gamma(target, draft, corpus, 2, n_prompts=2, seeds=1)]
+        print(format_table(summary({"points": points}), floatfmt=".3f"))
+        return 0
+    out = args.out
+    if out is None:
+        with resources.as_file(resources.files("attnlab").joinpath("data", DATA_FILE)) as p:
+            out = Path(p)
+
+    def run_point(point):
+        if point == "pair":
+            return measure_pair(target, draft, corpus)
+        return run_gamma(target, draft, corpus, int(point.split("=")[1]))
+
+    data = _sweep.run_points(["pair", *(f"gamma={g}" for g in GAMMAS)], run_point,
+                             key=lambda p: p if isinstance(p, str) else p["point"], head=head, out=out,
+                             resume=args.resume, indent=1, desc="speculative")
+    print(format_table(summary(data), floatfmt=".3f"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
