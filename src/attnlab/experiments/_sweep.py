@@ -9,6 +9,7 @@ stopped at any moment loses only the points in flight.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -76,3 +77,10 @@ def run_points(points: Sequence, run_point: Callable, *, key: Callable, head: di
 def load_data(name: str) -> dict:
     """A precomputed sweep shipped in ``attnlab/data/`` (its header records the command that wrote it)."""
     return json.loads(resources.files("attnlab").joinpath("data", name).read_text())
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n − 1; 0 for one value) of a sweep's seeds."""
+    n = len(values)
+    mean = sum(values) / n
+    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)

@@ -29,7 +29,6 @@ skips the points already there.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -170,12 +169,6 @@ def load_sweep(name: str = DATA_FILE) -> dict:
     return _sweep.load_data(name)
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)
-
-
 def summarise(points: list[dict]) -> list[dict]:
     """One row per arm, in the order of ``ARMS``: the rate with the lowest mean validation loss
     over seeds, and at that rate the test metrics as mean and standard deviation over seeds.
@@ -193,7 +186,7 @@ def summarise(points: list[dict]) -> list[dict]:
         for metric in ("accuracy", "loss", "target_share", "best_head_share", "entropy"):
             values = [r["test"][metric] for r in runs]
             row[metric] = values
-            row[metric + "_mean"], row[metric + "_sd"] = _mean_sd(values)
+            row[metric + "_mean"], row[metric + "_sd"] = _sweep.mean_sd(values)
         if "lambda" in runs[0]:
             row["final_lambda"] = [r["lambda"][-1] for r in runs]
         rows.append(row)

@@ -251,12 +251,6 @@ def load_sweep(name: str = DATA_FILE) -> dict:
     return _sweep.load_data(name)
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    return mean, (math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0)
-
-
 def summarise(points: list[dict]) -> list[dict]:
     """One row per arm: the learning rate with the lowest mean validation loss over seeds (a
     diverged seed counts as +∞), and at that rate the test loss as mean ± standard deviation over
@@ -274,7 +268,7 @@ def summarise(points: list[dict]) -> list[dict]:
         best = min(by_lr, key=score)
         runs = by_lr[best]
         ok = [r["test_loss"] for r in runs if not r["diverged"]]
-        mean, sd = _mean_sd(ok) if ok else (math.nan, math.nan)
+        mean, sd = _sweep.mean_sd(ok) if ok else (math.nan, math.nan)
         first = runs[0]
         rows.append({"arm": arm, "norm_position": first["norm_position"], "n_layers": first["n_layers"],
                      "warmup": first["warmup"], "best_lr": best, "seeds": len(runs),

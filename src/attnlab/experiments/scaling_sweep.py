@@ -28,7 +28,7 @@ from ..bench import format_table
 from . import _sweep
 from ..models import GPTConfig, MicroGPT
 from ..train import next_token_loss, train
-from .prepost import _mean_sd, splits, windows
+from .prepost import splits, windows
 
 DATA_FILE = "scaling_sweep.json"
 WIDTHS = (8, 16, 32, 64, 128)
@@ -124,7 +124,7 @@ def summarise(points: list[dict]) -> list[dict]:
     for d in sorted(widths):
         by_lr = widths[d]
         best = min(by_lr, key=lambda lr: sum(r["val_loss"] for r in by_lr[lr]) / len(by_lr[lr]))
-        mean, sd = _mean_sd([r["test_loss"] for r in by_lr[best]])
+        mean, sd = _sweep.mean_sd([r["test_loss"] for r in by_lr[best]])
         rows.append({"d_model": d, "N": by_lr[best][0]["non_embedding_parameters"], "best_lr": best,
                      "seeds": len(by_lr[best]), "test_mean": mean, "test_sd": sd})
     return rows
