@@ -35,13 +35,14 @@ from .positional import apply_rope
 
 
 class MultiHeadLatentAttention(nn.Module):
-    r"""Causal self-attention with a low-rank latent KV cache and a decoupled rotary key.
+    r"""Causal self-attention with a low-rank latent KV cache and a decoupled RoPE key.
 
     .. math::
-        c_t = x_t W_{dkv}, \quad k_{t,i} = c_t W_{uk,i}, \quad v_{t,i} = c_t W_{uv,i}, \quad
-        k^R_t = \mathrm{RoPE}(x_t W_{kr}) \\
-        q_{t,i} = x_t W_{q,i}, \quad q^R_{t,i} = \mathrm{RoPE}(x_t W_{qr,i}), \quad
-        s_{ts,i} = \frac{q_{t,i}\cdot k_{s,i} + q^R_{t,i}\cdot k^R_s}{\sqrt{d_h + d_{rope}}}, \quad
+        c_t = x_t W_{dkv}, \quad k_{t,i} = c_t W_{uk,i}, \quad
+        v_{t,i} = c_t W_{uv,i}, \quad k^R_t = \mathrm{RoPE}(x_t W_{kr}) \\
+        q_{t,i} = x_t W_{q,i}, \quad q^R_{t,i} = \mathrm{RoPE}(x_t W_{qr,i}), \\
+        s_{ts,i} = \frac{q_{t,i}\cdot k_{s,i} + q^R_{t,i}\cdot k^R_s}
+                        {\sqrt{d_h + d_{rope}}}, \quad
         o_{t,i} = \sum_s \mathrm{softmax}_s(s_{ts,i})\, v_{s,i}
 
     and the output is :math:`[o_{t,1}; \dots; o_{t,h}] W_o`. The absorbed form uses
@@ -49,49 +50,56 @@ class MultiHeadLatentAttention(nn.Module):
     :math:`\sum_s a_{ts} v_{s,i} = (\sum_s a_{ts} c_s) W_{uv,i}`.
     """
 
-    def __init__(self, d_model: int, n_heads: int, d_head: int, d_latent: int, d_rope: int):
+    def __init__(self, d_model: int, n_heads: int, d_head: int, d_latent: int,
+                 d_rope: int):
         super().__init__()
         if d_rope % 2:
             raise ValueError(f"d_rope must be even (RoPE rotates pairs), got {d_rope}")
-        self.n_heads, self.d_head, self.d_latent, self.d_rope = n_heads, d_head, d_latent, d_rope
+        self.n_heads, self.d_head = n_heads, d_head
+        self.d_latent, self.d_rope = d_latent, d_rope
         self.w_dkv = nn.Linear(d_model, d_latent, bias=False)
         self.w_kr = nn.Linear(d_model, d_rope, bias=False)
         self.w_q = nn.Linear(d_model, n_heads * d_head, bias=False)
         self.w_qr = nn.Linear(d_model, n_heads * d_rope, bias=False)
-        self.w_uk = nn.Parameter(torch.randn(n_heads, d_latent, d_head) / math.sqrt(d_latent))
-        self.w_uv = nn.Parameter(torch.randn(n_heads, d_latent, d_head) / math.sqrt(d_latent))
+        init = 1 / math.sqrt(d_latent)
+        self.w_uk = nn.Parameter(torch.randn(n_heads, d_latent, d_head) * init)
+        self.w_uv = nn.Parameter(torch.randn(n_heads, d_latent, d_head) * init)
         self.w_o = nn.Linear(n_heads * d_head, d_model, bias=False)
 
     def latent_cache(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """What MLA caches: c (b, L, d_c) and the shared rotary key (b, 1, L, d_rope)."""
+        """What MLA caches: c (b, L, d_c) and the shared RoPE key (b, 1, L, d_rope)."""
         if x.dim() != 3 or x.shape[-1] != self.w_dkv.in_features:
-            raise ValueError(f"x must have shape (b, L, {self.w_dkv.in_features}), got {tuple(x.shape)}")
+            raise ValueError(f"x must have shape (b, L, {self.w_dkv.in_features}), "
+                             f"got {tuple(x.shape)}")
         return self.w_dkv(x), apply_rope(self.w_kr(x).unsqueeze(1))
 
     def _queries(self, x):
         b, L, _ = x.shape
         q = self.w_q(x).view(b, L, self.n_heads, self.d_head).transpose(1, 2)
-        q_rope = apply_rope(self.w_qr(x).view(b, L, self.n_heads, self.d_rope).transpose(1, 2))
+        q_rope = self.w_qr(x).view(b, L, self.n_heads, self.d_rope).transpose(1, 2)
+        q_rope = apply_rope(q_rope)
         return q, q_rope
 
     def forward(self, x: torch.Tensor, *, absorbed: bool = False) -> torch.Tensor:
-        """(b, L, d_model) -> (b, L, d_model), causal. ``absorbed`` picks the inference form."""
+        """(b, L, d_model) -> (b, L, d_model), causal; ``absorbed``: inference form."""
         c, k_rope = self.latent_cache(x)
         q, q_rope = self._queries(x)
         b, L = x.shape[:2]
         scale = 1.0 / math.sqrt(self.d_head + self.d_rope)
         if absorbed:
-            # attention runs on the latents: keys are [c, k_rope], values are c, shared by all heads
-            q_lat = torch.einsum("bhld,hcd->bhlc", q, self.w_uk)                       # (b, h, L, d_c)
-            keys = torch.cat([c.unsqueeze(1), k_rope], dim=-1)                          # (b, 1, L, d_c + d_rope)
-            out_lat = scaled_dot_product_attention(torch.cat([q_lat, q_rope], dim=-1), keys, c.unsqueeze(1),
-                                                   causal=True, scale=scale)            # (b, h, L, d_c)
+            # attention on the latents: keys [c, k_rope], values c, shared by all heads
+            q_lat = torch.einsum("bhld,hcd->bhlc", q, self.w_uk)      # (b, h, L, d_c)
+            keys = torch.cat([c.unsqueeze(1), k_rope], dim=-1)   # (b, 1, L, d_c + d_r)
+            out_lat = scaled_dot_product_attention(
+                torch.cat([q_lat, q_rope], dim=-1), keys, c.unsqueeze(1),
+                causal=True, scale=scale)                             # (b, h, L, d_c)
             heads = torch.einsum("bhlc,hcd->bhld", out_lat, self.w_uv)
         else:
-            k = torch.einsum("blc,hcd->bhld", c, self.w_uk)                             # (b, h, L, d_head)
+            k = torch.einsum("blc,hcd->bhld", c, self.w_uk)        # (b, h, L, d_head)
             v = torch.einsum("blc,hcd->bhld", c, self.w_uv)
             keys = torch.cat([k, k_rope.expand(-1, self.n_heads, -1, -1)], dim=-1)
-            heads = scaled_dot_product_attention(torch.cat([q, q_rope], dim=-1), keys, v, causal=True, scale=scale)
+            heads = scaled_dot_product_attention(
+                torch.cat([q, q_rope], dim=-1), keys, v, causal=True, scale=scale)
         return self.w_o(heads.transpose(1, 2).reshape(b, L, self.n_heads * self.d_head))
 
 

@@ -62,28 +62,30 @@ def block_flops_fraction(capacity: float, length: int, d_model: int) -> float:
 class MixtureOfDepths(nn.Module):
     r"""A Transformer block applied only to the top-k routed tokens of each sequence.
 
-    .. math:: x'_t = \begin{cases} x_t + r_t\,\big(f(\tilde X)_t - x_t\big) & t \in \mathcal R \\
-                                   x_t & t \notin \mathcal R \end{cases}, \qquad r_t = x_t \cdot w_r
+    .. math:: x'_t = \begin{cases}
+                  x_t + r_t\,\big(f(\tilde X)_t - x_t\big) & t \in \mathcal R \\
+                  x_t & t \notin \mathcal R \end{cases}, \qquad r_t = x_t \cdot w_r
 
-    where :math:`\tilde X` is the sequence of routed tokens and f the block (which includes its
-    own residual, so f(X) - X is the block's update).
+    where :math:`\tilde X` is the sequence of routed tokens and f the block (which
+    includes its own residual, so f(X) - X is the block's update).
     """
 
     def __init__(self, d_model: int, n_heads: int, capacity: float, **block_kwargs):
         super().__init__()
-        routed_tokens(capacity, 1)                                    # validates capacity
+        routed_tokens(capacity, 1)                               # validates capacity
         self.capacity = capacity
         self.router = nn.Linear(d_model, 1, bias=False)
         self.block = TransformerBlock(d_model, n_heads, **block_kwargs)
 
-    def forward(self, x: torch.Tensor, *, causal: bool = True, return_routes: bool = False):
-        """(b, L, d_model) -> (b, L, d_model); with ``return_routes`` also the (b, k) routed positions."""
+    def forward(self, x: torch.Tensor, *, causal: bool = True,
+                return_routes: bool = False):
+        """(b, L, d_model) -> (b, L, d_model); ``return_routes``: also routes (b, k)."""
         if x.dim() != 3:
             raise ValueError(f"x must have shape (b, L, d_model), got {tuple(x.shape)}")
-        scores = self.router(x).squeeze(-1)                                           # (b, L)
-        routes = top_k_route(scores, routed_tokens(self.capacity, x.shape[1]))        # (b, k)
+        scores = self.router(x).squeeze(-1)                                    # (b, L)
+        routes = top_k_route(scores, routed_tokens(self.capacity, x.shape[1]))  # (b, k)
         index = routes.unsqueeze(-1).expand(-1, -1, x.shape[-1])
-        chosen = x.gather(1, index)                                                   # (b, k, d_model)
+        chosen = x.gather(1, index)                                    # (b, k, d_model)
         update = self.block(chosen, causal=causal) - chosen
         weight = scores.gather(1, routes).unsqueeze(-1)
         out = x.scatter_add(1, index, weight * update)

@@ -83,37 +83,43 @@ def selection_mask(importance: torch.Tensor, n: int, block: int, n_selected: int
 
 
 def native_sparse_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, *, block: int = 16,
-    n_selected: int = 4, window: int = 32, scale: float | None = None, return_branches: bool = False,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gates: torch.Tensor, *,
+    block: int = 16, n_selected: int = 4, window: int = 32, scale: float | None = None,
+    return_branches: bool = False,
 ):
-    r"""Causal NSA: a gated sum of compressed, selected-block and sliding-window attention.
+    r"""Causal NSA: a gated sum of compressed, selected and sliding-window attention.
+
 
     .. math:: o_i = g^{cmp}_i\,\mathrm{Attn}(q_i, \tilde K_{<i}, \tilde V_{<i})
                   + g^{slc}_i\,\mathrm{Attn}(q_i, K_{\mathcal S(i)}, V_{\mathcal S(i)})
                   + g^{win}_i\,\mathrm{Attn}(q_i, K_{[i-w,\,i]}, V_{[i-w,\,i]})
 
     with :math:`\tilde K_{<i}` the summaries of blocks that end at or before i, and
-    :math:`\mathcal S(i)` the tokens of the selected blocks up to i (:func:`selection_mask`),
-    scored by the compressed probabilities summed over the heads of each GQA group.
+    :math:`\mathcal S(i)` the tokens of the selected blocks up to i
+    (:func:`selection_mask`), scored by the compressed probabilities summed over the
+    heads of each GQA group.
 
     Args:
         q: (b, h, n, d); k: (b, h_kv, n, d); v: (b, h_kv, n, d_v); h_kv divides h.
-        gates: (b, h, n, 3), the weights of the three branches (the paper uses a sigmoid of a
-            linear map of the input).
+        gates: (b, h, n, 3), the weights of the three branches (the paper uses a sigmoid
+            of a linear map of the input).
         block: tokens per compression / selection block; n_selected: blocks per query;
         window: a query sees keys i - window .. i in the window branch.
-        return_branches: also return a dict with each branch's output (b, h, n, d_v) and the
-            selection mask (b, h_kv, n, n).
+        return_branches: also return a dict with each branch's output (b, h, n, d_v) and
+            the selection mask (b, h_kv, n, n).
     Returns: (b, h, n, d_v) [, dict].
     """
     _check_shapes(q, k, v, "native_sparse_attention")
     if q.dim() != 4 or k.shape[-2] != q.shape[-2]:
-        raise ValueError(f"native_sparse_attention needs q (b, h, n, d) and k (b, h_kv, n, d), "
+        raise ValueError(f"native_sparse_attention needs q (b, h, n, d) and "
+                         f"k (b, h_kv, n, d), "
                          f"got {tuple(q.shape)} and {tuple(k.shape)}")
     if gates.shape != q.shape[:-1] + (3,):
-        raise ValueError(f"gates must have shape {tuple(q.shape[:-1]) + (3,)} (b, h, n, 3), got {tuple(gates.shape)}")
+        raise ValueError(f"gates must have shape {tuple(q.shape[:-1]) + (3,)} "
+                         f"(b, h, n, 3), got {tuple(gates.shape)}")
     if block < 1 or n_selected < 1 or window < 0:
-        raise ValueError(f"block and n_selected must be >= 1 and window >= 0, got {block}, {n_selected}, {window}")
+        raise ValueError(f"block and n_selected must be >= 1 and window >= 0, "
+                         f"got {block}, {n_selected}, {window}")
     b, h, n, _ = q.shape
     h_kv = k.shape[1]
     group = h // h_kv
@@ -121,27 +127,32 @@ def native_sparse_attention(
     k_full, v_full = repeat_kv(k, group), repeat_kv(v, group)
 
     # compressed branch: block j is visible once complete, (j + 1) l - 1 <= i
-    k_cmp, v_cmp = repeat_kv(compress(k, block), group), repeat_kv(compress(v, block), group)
+    k_cmp = repeat_kv(compress(k, block), group)
+    v_cmp = repeat_kv(compress(v, block), group)
     ends = (torch.arange(k_cmp.shape[-2], device=q.device) + 1) * block - 1
-    visible = ends <= torch.arange(n, device=q.device).unsqueeze(-1)                # (n, n_cmp)
+    visible = ends <= torch.arange(n, device=q.device).unsqueeze(-1)       # (n, n_cmp)
     p_cmp = masked_softmax(masked_scores(q @ k_cmp.transpose(-2, -1) * scale, visible))
     out_cmp = p_cmp @ v_cmp
 
     # selected branch: importance per block, summed over the heads of a GQA group
     n_blocks = math.ceil(n / block)
-    importance = torch.nn.functional.pad(p_cmp, (0, n_blocks - p_cmp.shape[-1]))   # the last, incomplete block scores 0
-    importance = importance.unflatten(1, (h_kv, group)).sum(2)                       # (b, h_kv, n, n_blocks)
+    # the last, incomplete block scores 0
+    importance = torch.nn.functional.pad(p_cmp, (0, n_blocks - p_cmp.shape[-1]))
+    importance = importance.unflatten(1, (h_kv, group)).sum(2)  # (b, h_kv, n, n_blocks)
     selected = selection_mask(importance, n, block, n_selected)
     out_slc = _attend(q, k_full, v_full, repeat_kv(selected, group), scale)
 
     # window branch
-    out_win = _attend(q, k_full, v_full, sliding_window_mask(n, window, causal=True).to(q.device), scale)
+    in_window = sliding_window_mask(n, window, causal=True).to(q.device)
+    out_win = _attend(q, k_full, v_full, in_window, scale)
 
     gates = gates.unsqueeze(-1)
-    out = gates[..., 0, :] * out_cmp + gates[..., 1, :] * out_slc + gates[..., 2, :] * out_win
+    out = (gates[..., 0, :] * out_cmp + gates[..., 1, :] * out_slc
+           + gates[..., 2, :] * out_win)
     if not return_branches:
         return out
-    return out, {"compressed": out_cmp, "selected": out_slc, "window": out_win, "selection_mask": selected}
+    return out, {"compressed": out_cmp, "selected": out_slc, "window": out_win,
+                 "selection_mask": selected}
 
 
 def keys_attended(n: int, *, block: int, n_selected: int, window: int, compress_block: int | None = None,

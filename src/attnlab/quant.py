@@ -100,12 +100,14 @@ def quantized_scores(q: torch.Tensor, k: torch.Tensor, *, fmt: str = "int8", blo
 
 
 def quantized_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool = True, fmt: str = "int8",
-    block: int = 32, causal: bool = False, scale: float | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, smooth_k: bool = True,
+    fmt: str = "int8", block: int = 32, causal: bool = False,
+    scale: float | None = None,
 ) -> torch.Tensor:
     r"""Attention whose scores come from quantised Q and (optionally smoothed) K.
 
-    .. math:: O = \mathrm{softmax}\big(c\,\mathrm{Deq}(\mathrm{Quant}(Q)\,\mathrm{Quant}(K - \bar k)^\top)\big)\,V
+    .. math:: O = \mathrm{softmax}\big(c\,\mathrm{Deq}(\mathrm{Quant}(Q)\,
+              \mathrm{Quant}(K - \bar k)^\top)\big)\,V
 
     Args:
         q: (b, h, n, d); k: (b, h_kv, m, d); v: (b, h_kv, m, d_v).

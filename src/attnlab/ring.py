@@ -67,51 +67,59 @@ def ring_schedule(n_devices: int) -> list[list[int]]:
 
 
 def ring_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_devices: int, *, causal: bool = False,
-    scale: float | None = None, block: int | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_devices: int, *,
+    causal: bool = False, scale: float | None = None, block: int | None = None,
 ) -> torch.Tensor:
     r"""Exact self-attention computed as P virtual devices on a ring would.
 
-    .. math:: O_i = \mathrm{softmax}\big(Q_i [K_0; \dots; K_{P-1}]^\top c\big)\,[V_0; \dots; V_{P-1}],
-              \quad \text{accumulated one block } (K_j, V_j) \text{ per step with } \mathrm{merge\_partials}
+    .. math:: O_i = \mathrm{softmax}\big(Q_i [K_0; \dots; K_{P-1}]^\top c\big)
+              \,[V_0; \dots; V_{P-1}],
 
-    With ``causal``, a device skips the blocks that lie entirely after its queries (j > i) and
-    applies the causal mask inside its own block (j = i); blocks j < i are fully visible. The
-    skipped steps are the load imbalance that striped ring attention (Brandon et al. 2023) fixes.
+    accumulated one block :math:`(K_j, V_j)` per step with ``merge_partials``.
+
+    With ``causal``, a device skips the blocks that lie entirely after its queries
+    (j > i) and applies the causal mask inside its own block (j = i); blocks j < i are
+    fully visible. The skipped steps are the load imbalance that striped ring attention
+    (Brandon et al. 2023) fixes.
 
     Args:
-        q: (b, h, n, d); k: (b, h_kv, n, d); v: (b, h_kv, n, d_v) (self-attention: one n; h_kv divides h).
-        n_devices: P >= 1; n need not be divisible by P (block sizes differ by at most one).
+        q: (b, h, n, d); k: (b, h_kv, n, d); v: (b, h_kv, n, d_v) (self-attention:
+            one n; h_kv divides h).
+        n_devices: P >= 1; n need not be divisible by P (block sizes differ by <= 1).
         causal: causal mask over global positions.
         scale: multiplies the scores; default 1 / sqrt(d).
-        block: tile size of each device's local FlashAttention (default that of :mod:`attnlab.flash`).
+        block: tile size of each device's local FlashAttention (default that of
+            :mod:`attnlab.flash`).
     Returns: (b, h, n, d_v).
     """
     _check_shapes(q, k, v, "ring_attention")
     if q.dim() != 4 or k.shape[-2] != q.shape[-2]:
-        raise ValueError(f"ring_attention: needs q (b, h, n, d) and k, v (b, h_kv, n, d) with the same n, "
+        raise ValueError(f"ring_attention: needs q (b, h, n, d) and "
+                         f"k, v (b, h_kv, n, d) with the same n, "
                          f"got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if not isinstance(n_devices, int) or n_devices < 1:
         raise ValueError(f"n_devices must be a positive int, got {n_devices!r}")
-    k, v = repeat_kv(k, q.shape[1] // k.shape[1]), repeat_kv(v, q.shape[1] // v.shape[1])
+    group = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, group), repeat_kv(v, group)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     block = DEFAULT_BLOCK if block is None else block
     _checks.ints("ring_attention", block=block)
     q_blocks = torch.tensor_split(q, n_devices, dim=-2)
-    kv_blocks = list(zip(torch.tensor_split(k, n_devices, dim=-2), torch.tensor_split(v, n_devices, dim=-2)))
+    kv_blocks = list(zip(torch.tensor_split(k, n_devices, dim=-2),
+                         torch.tensor_split(v, n_devices, dim=-2)))
     outputs = []
     for device, q_i in enumerate(q_blocks):
         out = q_i.new_zeros(*q_i.shape[:-1], v.shape[-1])
         lse = q_i.new_full(q_i.shape[:-1], float("inf"))
         for step in range(n_devices):
-            j = (device - step) % n_devices                   # the block this device holds at this step
+            j = (device - step) % n_devices   # the block this device holds at this step
             if causal and j > device:
-                continue                                       # entirely in the future: nothing to add
+                continue                       # entirely in the future: nothing to add
             k_j, v_j = kv_blocks[j]
             if q_i.shape[-2] == 0 or k_j.shape[-2] == 0:
                 continue
-            part, part_lse = flash_forward(q_i, k_j, v_j, causal=causal and j == device, block_q=block, block_k=block,
-                                            scale=scale)
+            part, part_lse = flash_forward(q_i, k_j, v_j, causal=causal and j == device,
+                                           block_q=block, block_k=block, scale=scale)
             out, lse = merge_partials(out, lse, part, part_lse)
         outputs.append(out)
     return torch.cat(outputs, dim=-2)

@@ -87,22 +87,28 @@ def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return excess / total if total > 0 else p
 
 
-def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int], generator: torch.Generator | None = None) -> list[int]:
-    """The rejection step: the tokens one speculative step emits (accepted drafts, then one more).
+def verify(p: torch.Tensor, q: torch.Tensor, drafts: list[int],
+           generator: torch.Generator | None = None) -> list[int]:
+    """The rejection step: the tokens one speculative step emits.
 
-    Args: p (γ + 1, V) target distributions at the γ drafted positions and the one after;
-        q (γ, V) the draft's distributions; drafts: the γ drafted token ids.
+    The accepted drafts, then one more token (residual sample or bonus).
+
+    Args: p (γ + 1, V) target distributions at the γ drafted positions and the one
+        after; q (γ, V) the draft's distributions; drafts: the γ drafted token ids.
     Returns: between 1 and γ + 1 token ids.
     """
     if p.shape[0] != len(drafts) + 1 or q.shape[0] != len(drafts):
-        raise ValueError(f"with {len(drafts)} drafts, p must be ({len(drafts) + 1}, V) and q ({len(drafts)}, V); "
+        raise ValueError(f"with {len(drafts)} drafts, p must be ({len(drafts) + 1}, V) "
+                         f"and q ({len(drafts)}, V); "
                          f"got p {tuple(p.shape)}, q {tuple(q.shape)}")
     emitted = []
     for i, x in enumerate(drafts):
-        if torch.rand((), generator=generator, dtype=p.dtype) < accept_probability(p[i, x], q[i, x]):
+        u = torch.rand((), generator=generator, dtype=p.dtype)
+        if u < accept_probability(p[i, x], q[i, x]):
             emitted.append(x)
         else:
-            emitted.append(int(torch.multinomial(residual_distribution(p[i], q[i]), 1, generator=generator)))
+            residual = residual_distribution(p[i], q[i])
+            emitted.append(int(torch.multinomial(residual, 1, generator=generator)))
             return emitted
     emitted.append(int(torch.multinomial(p[-1], 1, generator=generator)))
     return emitted
