@@ -184,10 +184,12 @@ def test_chapter_figures_sliders_quiz_and_math(browser, base_url, path):
         figures.nth(i).scroll_into_view_if_needed()
         assert figures.nth(i).locator("svg.main-svg").count() > 0, f"figure {i} drew no svg"
 
-    # Every kernel-free slider: clicking the other end of its rail changes the figure's title and data.
+    # Every kernel-free slider: clicking the other end of its rail changes what the figure shows
+    # (its title, its data, which traces are visible, or its annotations).
     sliders = page.locator(".plotly-graph-div:has(.slider-container)")
     assert sliders.count() >= 1
-    state = "el => JSON.stringify([el.layout.title.text, el.data.map(t => t.z || t.y)])"
+    state = ("el => JSON.stringify([el.layout.title.text, el.data.map(t => [t.z || t.y, t.visible]),"
+             " (el.layout.annotations || []).map(a => a.text)])")
     for i in range(sliders.count()):
         fig = sliders.nth(i)
         fig.scroll_into_view_if_needed()
