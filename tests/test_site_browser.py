@@ -52,10 +52,14 @@ def browser():
         b.close()
 
 
-def open_page(browser, url):
-    """Load url with non-local requests blocked; return (page, problems dict)."""
+def open_page(browser, url, sizes=None):
+    """Load url with non-local requests blocked; return (page, problems dict). If sizes is a
+    dict, it receives {url: bytes} of every local response."""
     page = browser.new_page(viewport={"width": 1280, "height": 1600})
     problems = {"console": [], "page_errors": [], "failed": [], "external": []}
+    if sizes is not None:
+        page.on("response", lambda r: r.url.startswith("http://127.0.0.1") and r.ok
+                and sizes.__setitem__(r.url.split("#")[0].split("?")[0], len(r.body())))
     page.on("console", lambda m: m.type == "error" and not any(a in m.text for a in ALLOWED_CONSOLE)
             and problems["console"].append(m.text[:300]))
     page.on("pageerror", lambda e: problems["page_errors"].append(str(e)[:300]))
@@ -74,12 +78,29 @@ def open_page(browser, url):
     return page, problems
 
 
+PAGE_BUDGET = 300_000  # bytes a chapter page loads of its own (issue 21)
+
+
 @pytest.mark.parametrize("path", PAGES)
 def test_page_loads_offline_without_errors(browser, base_url, path):
-    page, problems = open_page(browser, f"{base_url}/{path}")
+    """Every page loads with no console error, failed or outside request. A chapter page also
+    stays light: what it loads of its own (the page and anything it fetches except the site's
+    shared files: ``_static/``, which holds plotly.js, MathJax, the widget manager and the
+    theme, and the site's search index) is within the budget, and the build writes nothing
+    page-specific into ``_static/``."""
+    sizes = {}
+    page, problems = open_page(browser, f"{base_url}/{path}", sizes)
     assert problems == {"console": [], "page_errors": [], "failed": [], "external": []}
     assert page.locator("article h1").count() >= 1
     page.close()
+    if path not in CHAPTERS:
+        return
+    shared = (f"{base_url}/_static/", f"{base_url}/searchindex.js")
+    own = sum(n for url, n in sizes.items() if not url.startswith(shared))
+    print(f"{own / 1000:7.1f} kB  {path}")
+    assert 20_000 < own <= PAGE_BUDGET, f"{path} loads {own} bytes of its own"
+    named = [url for url in sizes if url.startswith(shared[0]) and Path(path).stem in url]
+    assert not named, f"page-specific files in _static/: {named}"
 
 
 @pytest.mark.parametrize("path", PAGES)
@@ -92,42 +113,6 @@ def test_no_sideways_scrolling_on_a_phone(browser, base_url, path):
     width, view = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
     assert width <= view, f"{path}: the page is {width} px wide in a {view}-px window"
     page.close()
-
-
-PAGE_BUDGET = 300_000  # bytes a chapter page loads of its own (issue 21)
-
-
-@pytest.fixture(scope="module")
-def loads(browser, base_url):
-    """Every chapter page loaded once: {page: {url: bytes}} of everything it fetched."""
-    seen = {}
-    for path in CHAPTERS:
-        page = browser.new_page(viewport={"width": 1280, "height": 1600})
-        sizes = {}
-        page.on("response", lambda r, sizes=sizes: r.url.startswith(base_url) and r.ok
-                and sizes.__setitem__(r.url.split("#")[0].split("?")[0], len(r.body())))
-        page.goto(f"{base_url}/{path}", wait_until="load", timeout=60_000)
-        page.wait_for_timeout(800)
-        seen[path] = sizes
-        page.close()
-    return seen
-
-
-def test_chapter_pages_are_light(loads, base_url):
-    """What a chapter page loads of its own (the page and anything it fetches except the site's
-    shared files: ``_static/``, which holds plotly.js, MathJax, the widget manager and the
-    theme, and the site's search index) stays within the budget. The build writes nothing
-    page-specific into ``_static/``."""
-    shared = (f"{base_url}/_static/", f"{base_url}/searchindex.js")
-    own = {path: sum(n for url, n in sizes.items() if not url.startswith(shared))
-           for path, sizes in loads.items()}
-    print("\n".join(f"{n / 1000:7.1f} kB  {path}" for path, n in own.items()))
-    heavy = {path: n for path, n in own.items() if n > PAGE_BUDGET}
-    assert not heavy, f"over {PAGE_BUDGET // 1000} kB: {heavy}"
-    assert all(n > 20_000 for n in own.values()), "a page loaded almost nothing of its own"
-    static = {url for sizes in loads.values() for url in sizes if url.startswith(shared[0])}
-    named = [url for url in static for path in loads if Path(path).stem in url]
-    assert not named, f"page-specific files in _static/: {named}"
 
 
 @pytest.mark.parametrize("scheme", ["http", "file"])
