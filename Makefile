@@ -6,6 +6,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 VENV_STAMP := $(VENV)/.installed
 KERNELS_STAMP := $(VENV)/.kernels
+SWEEP_STAMP := $(VENV)/.sweep
 VENDOR := book/_static/vendor
 VENDOR_STAMP := $(VENDOR)/.installed
 PORT ?= 8000
@@ -15,7 +16,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 
 NOTEBOOKS ?= $(sort $(wildcard notebooks/*.ipynb))
 
-.PHONY: help setup kernels book test test-lib nbval test-wheel test-browser serve lab clean lock strip record chromium
+.PHONY: help setup kernels sweep book test test-lib nbval test-wheel test-browser serve lab clean lock strip record chromium
 
 help:
 	@echo "make book   build the static site into _build/html (sets everything up first)"
@@ -38,6 +39,13 @@ $(KERNELS_STAMP): $(VENV_STAMP) requirements-kernels.txt
 	$(BIN)/pip install --disable-pip-version-check -q -r requirements-kernels.txt
 	touch $@
 
+# Ray for the recall grid's --backend ray and its test (about 260 MB installed); make test needs it.
+sweep: $(SWEEP_STAMP)
+
+$(SWEEP_STAMP): $(VENV_STAMP) requirements-test.txt
+	$(BIN)/pip install --disable-pip-version-check -q -r requirements-test.txt
+	touch $@
+
 # Browser assets (MathJax 3, the Jupyter widget manager) come from pinned npm packages and are
 # copied into the site's static folder; they are never committed.
 $(VENDOR_STAMP): package.json package-lock.json scripts/vendor_assets.sh
@@ -58,9 +66,9 @@ book: setup
 	@echo "Built. Open _build/html/index.html in a browser, or run 'make serve' and visit http://127.0.0.1:$(PORT)"
 
 # ATTNLAB_REQUIRE_TRITON=1 turns the Triton sections' skip (Triton missing) into a failure, so
-# the kernel exercise and its tests really run here.
-test: setup kernels chromium
-	ATTNLAB_REQUIRE_TRITON=1 $(MAKE) test-lib
+# the kernel exercise and its tests really run here; ATTNLAB_REQUIRE_RAY=1 does the same for Ray.
+test: setup kernels sweep chromium
+	ATTNLAB_REQUIRE_TRITON=1 ATTNLAB_REQUIRE_RAY=1 $(MAKE) test-lib
 	$(MAKE) test-wheel
 	ATTNLAB_REQUIRE_TRITON=1 $(MAKE) book CHECK=--check
 	$(MAKE) test-browser

@@ -331,3 +331,126 @@ def test_speculative_step_emits_accepted_plus_one(gamma, accepted):
     assert any(t.startswith(f"emitted this step: {accepted + 1} token") for t in texts)
     with pytest.raises(ValueError, match="speculative_step"):
         diagrams.speculative_step(2, 3)
+
+
+def test_layer_stack_draws_what_the_pattern_holds():
+    from attnlab.hybrid import griffin_pattern, jamba_pattern, zamba_pattern, zamba_shared_layers
+    jamba = _texts(diagrams.layer_stack(jamba_pattern(32), "Jamba"))
+    assert jamba.count("A") == 4 and jamba.count("M") == 28 and jamba.count("E") == 16
+    assert "4 attention, 28 Mamba; MoE FFN in 16 layers" in jamba
+    zamba = diagrams.layer_stack(zamba_pattern(76), "Zamba")
+    assert _texts(zamba).count("S") == len(zamba_shared_layers(76)) + 1        # + the legend's marker
+    assert "before layers 2, 7, 13, 19" in zamba.desc and "13 calls of one shared block" in zamba.desc + "".join(
+        _texts(zamba))
+    griffin = _texts(diagrams.layer_stack(griffin_pattern(6), "Griffin"))
+    assert griffin.count("R") == 4 and griffin.count("W") == 2
+    with pytest.raises(TypeError, match="pattern"):
+        diagrams.layer_stack(["mamba"])
+
+
+def test_zamba_shared_call_lists_the_library_call_sites():
+    from attnlab.hybrid import zamba_shared_layers
+    d = diagrams.zamba_shared_call(76, 6)
+    calls = zamba_shared_layers(76, 6)
+    assert f"all {len(calls)} calls" in d.title + " ".join(_texts(d)) and len(calls) == 13
+    assert any(t.startswith("call sites: before Mamba layers 2, 7, 13, …, 73") for t in _texts(d))
+
+
+@pytest.mark.parametrize("a,delta,inputs", [(-1.0, 0.5, (1.0, 0.3, -0.7, 0.9, 0.4)), (-3.0, 0.2, (0.5, -1.0))])
+def test_zoh_hold_prints_the_library_discretisation_and_lands_on_the_recurrence(a, delta, inputs):
+    from attnlab.ssm import discretize, lti_recurrence
+    dia = diagrams.zoh_hold(a, delta, inputs)
+    A = torch.tensor([[a]], dtype=torch.float64)
+    A_bar, B_bar = discretize(A, torch.ones_like(A), delta)
+    texts = _texts(dia)
+    assert f"Ā = exp(Δa) = {A_bar.item():.3f}" in texts and f"B̄ = (exp(Δa) − 1)/a = {B_bar.item():.3f}" in texts
+    h = lti_recurrence(torch.tensor([[inputs]], dtype=torch.float64), A_bar, B_bar, torch.ones_like(A))[0, 0]
+    assert ", ".join(f"{v:.3f}" for v in h.tolist()) in dia.desc        # the dots are the recurrence
+    dots = [c for c in _svg(dia).iter(NS + "circle") if c.get("r") == "6"]
+    assert len(dots) == len(inputs)
+    with pytest.raises(ValueError, match="zoh_hold"):
+        diagrams.zoh_hold(1.0)
+
+
+@pytest.mark.parametrize("a,delta,c,length", [(-0.5, 1.0, 1.0, 5), (-2.0, 0.3, -1.5, 3)])
+def test_ssm_two_readings_prints_the_library_kernel(a, delta, c, length):
+    from attnlab.ssm import discretize, ssm_kernel
+    dia = diagrams.ssm_two_readings(a, delta, c, length)
+    A = torch.tensor([[a]], dtype=torch.float64)
+    A_bar, B_bar = discretize(A, torch.ones_like(A), delta)
+    K = ssm_kernel(A_bar, B_bar, torch.tensor([[c]], dtype=torch.float64), length)[0].tolist()
+    texts = _texts(dia)
+    assert [t for t in texts if t.replace("\u2212", "-").lstrip("-")[:1].isdigit() and "." in t] == \
+        [f"{k:.3f}".replace("-", "\u2212") for k in K]                # one bar label per lag, in order
+    hops = length - 2                                                  # the path u_1 -> y_{L-1}
+    assert f"weight C Ā{'⁰¹²³⁴⁵'[hops]} B̄ = K{hops} = {K[hops]:.3f}".replace("-", "\u2212") in texts
+    assert sum(t.startswith("h") and t[1:].isdigit() for t in texts) == length   # one state per step
+    with pytest.raises(ValueError, match="ssm_two_readings"):
+        diagrams.ssm_two_readings(length=9)
+
+
+def test_mamba_block_prints_the_library_parameter_counts():
+    from attnlab.ssm import Mamba, MambaConfig
+    for sizes in [(768, 16, 4, 2), (16, 8, 3, 2)]:
+        with torch.device("meta"):
+            block = Mamba(MambaConfig(*sizes))
+        texts = _texts(diagrams.mamba_block(*sizes))
+        number = lambda label: int(texts[len(texts) - texts[::-1].index(label)].replace(",", ""))  # noqa: E731
+        assert number("in_proj") == block.in_proj.weight.numel() == 2 * block.config.d_inner * sizes[0]
+        assert number("out_proj") == block.out_proj.weight.numel()
+        assert number("total") == count_parameters(block)
+        assert f"state: {block.config.d_inner} × {sizes[1]}" in texts
+
+
+@pytest.mark.parametrize("deltas,A", [((2.0, 0.01, 0.01, 2.0, 0.01, 0.01), -1.0), ((0.5, 0.0, 3.0), -2.0)])
+def test_selective_scan_flow_prints_the_decays_exp_delta_a(deltas, A):
+    tokens = tuple("abcdef"[:len(deltas)])
+    texts = _texts(diagrams.selective_scan_flow(tokens, deltas, A))
+    printed = [float(t.split()[1]) for t in texts if t.startswith("× ")]
+    assert printed == [round(math.exp(d * A), 2) for d in deltas]
+    assert [t for t in texts if t.startswith("Δ = ")] == [f"Δ = {d:g}" for d in deltas]
+    with pytest.raises(ValueError, match="deltas"):
+        diagrams.selective_scan_flow(("a",), (1.0, 2.0))
+
+
+@pytest.mark.parametrize("sizes", [(2560, None, 4), (16, 8, 3)])
+def test_griffin_block_prints_the_library_state_size(sizes):
+    from attnlab.rglru import GriffinRecurrentBlock
+    with torch.device("meta"):
+        block = GriffinRecurrentBlock(*sizes)
+    dia = diagrams.griffin_block(*sizes)
+    texts = _texts(dia)
+    assert any(t.endswith(f"= {block.state_size():,} numbers, at any length") for t in texts)
+    assert f"state: {block.d_rnn:,} numbers (one per channel)" in texts
+    assert {"Linear W1", "GeLU", "Linear W2", "RG-LRU", "Linear Wout"} <= set(texts)
+    with pytest.raises(ValueError, match="griffin_block"):
+        diagrams.griffin_block(0)
+
+
+@pytest.mark.parametrize("sizes", [(4096, 3, 2), (8, 4, 1)])
+def test_hyena_operator_prints_the_library_state_size(sizes):
+    from attnlab.hyena import HyenaOperator
+    with torch.device("meta"):
+        op = HyenaOperator(*sizes)
+    texts = _texts(diagrams.hyena_operator(*sizes))
+    assert f"decoding state: {op.state_size():,} numbers" in texts
+    assert f"{sizes[2]} modes per channel" in texts and "long convolution h * z" in texts
+    with pytest.raises(ValueError, match="hyena_operator"):
+        diagrams.hyena_operator(8, 0)
+
+
+@pytest.mark.parametrize("n_experts,top_k,logits", [(8, 2, None), (4, 1, (0.0, 2.0, 1.0, -1.0)), (16, 2, None)])
+def test_moe_router_prints_the_softmax_and_runs_the_top_k(n_experts, top_k, logits):
+    dia = diagrams.moe_router(n_experts, top_k, logits)
+    texts = _texts(dia)
+    if logits is None:
+        logits = [round(1.4 * math.sin(2.3 * i + 1.0), 3) for i in range(n_experts)]
+    p = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
+    bars = [float(t) for t in texts if re.fullmatch(r"\d\.\d\d", t)]
+    assert bars == [round(v, 2) for v in p.tolist()]
+    chosen = sorted(p.topk(top_k).indices.tolist())
+    weights = [t for t in texts if t.startswith("× p")]
+    assert weights == [f"× p{str(i + 1).translate(str.maketrans('0123456789', '₀₁₂₃₄₅₆₇₈₉'))}" for i in chosen]
+    assert f"the compute of {top_k} FFNs, the parameters of {n_experts}" in " ".join(texts)
+    with pytest.raises(ValueError, match="top_k"):
+        diagrams.moe_router(4, 5)

@@ -12,15 +12,16 @@ from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import count_parameters
 from attnlab.hybrid import (
     JAMBA_V01, LLAMA2_7B, MIXTRAL_8X7B, HybridConfig, HybridLM, LayerSpec, ModelConfig, SharedAttentionBlock,
-    attention_fraction, build_mixer, forward_flops, griffin_pattern, jamba_pattern, local_exponent,
+    attention_fraction, build_mixer, decode_state_bytes, decode_state_numbers, forward_flops, griffin_pattern,
+    jamba_pattern, local_exponent,
     lower_block_rank, mamba_parameters, mixing_matrix, parameter_count, pattern_string, semiseparable_matrix,
-    ssm_state_bytes, striped_hyena_pattern, uniform_pattern, zamba_pattern,
+    ssm_state_bytes, striped_hyena_pattern, uniform_pattern, zamba_pattern, zamba_shared_layers,
 )
 from attnlab.hyena import HyenaOperator, causal_conv_direct, toeplitz
 from attnlab.kv_cache import PRESETS
 from attnlab.moe import MoEFeedForward, expert_load, switch_load_balancing_loss, toy_routing_run
 from attnlab.numerics import agrees
-from attnlab.rglru import RGLRU, GriffinRecurrentBlock, linear_recurrence, rg_lru, stationary_variance
+from attnlab.rglru import RGLRU, GriffinRecurrentBlock, linear_recurrence, memory_horizon, rg_lru, stationary_variance
 from attnlab.viz import layer_stripes, matrix_gallery
 from attnlab.ssm import Mamba, MambaConfig, lti_convolution, selective_scan
 
@@ -102,13 +103,45 @@ def test_toeplitz_is_constant_along_diagonals():
     assert torch.equal(torch.diagonal(t, -2), torch.full((3,), 3.0)) and torch.equal(t.triu(1), torch.zeros(5, 5))
 
 
-def test_hyena_three_forms_agree():
+@pytest.mark.parametrize("length", [1, 2, 63])
+@pytest.mark.parametrize("d,filter_state", [(1, 1), (5, 3), (3, 1)])
+def test_hyena_three_forms_agree_in_values_and_gradients(length, d, filter_state):
     torch.manual_seed(1)
-    op = HyenaOperator(5, filter_state=3).double()
-    u = torch.randn(2, 41, 5, dtype=F64)
+    op = HyenaOperator(d, filter_state=filter_state).double()
+    with torch.no_grad():
+        op.D.normal_()                                              # D starts at 0; exercise its path too
+    u = torch.randn(2, length, d, dtype=F64, requires_grad=True)
+    outs, grads = {}, {}
+    for method in ("fft", "direct", "recurrent"):
+        outs[method] = op(u, method=method)
+        grads[method] = torch.autograd.grad(outs[method].square().sum(), (u, op.filter.log_rate, op.filter.residue))
+    for method in ("direct", "recurrent"):
+        assert torch.allclose(outs[method], outs["fft"], atol=1e-11), method
+        assert all(torch.allclose(g, g_fft, atol=1e-10) for g, g_fft in zip(grads[method], grads["fft"])), method
+    op32 = HyenaOperator(d, filter_state=filter_state).float()
+    op32.load_state_dict(op.state_dict())
+    u32 = u.detach().float()
+    for method in ("fft", "direct", "recurrent"):
+        assert agrees(op32(u32, method=method), op32(u32, method="direct"), outs["direct"].detach()), method
+
+
+@given(length=st.integers(1, 40), d=st.integers(1, 4), filter_state=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_hyena_forms_agree_for_any_shape(length, d, filter_state, seed):
+    torch.manual_seed(seed)
+    op = HyenaOperator(d, filter_state=filter_state).double()
+    u = torch.randn(1, length, d, dtype=F64)
     fft = op(u, method="fft")
+    assert fft.shape == u.shape
     for method in ("direct", "recurrent"):
         assert torch.allclose(op(u, method=method), fft, atol=1e-11), method
+
+
+def test_hyena_gradients_match_finite_differences():
+    torch.manual_seed(0)
+    op = HyenaOperator(2, filter_state=2).double()
+    u = torch.randn(1, 7, 2, dtype=F64, requires_grad=True)
+    for method in ("fft", "recurrent"):
+        assert torch.autograd.gradcheck(lambda z: op(z, method=method), (u,)), method
 
 
 def test_semiseparable_matrix_equals_the_selective_scan():
@@ -212,6 +245,70 @@ def test_zamba_shares_one_block():
         count_parameters(l) - (unshared if l.spec.mixer == "shared_attention" else 0) for l in model.layers)
 
 
+def test_zamba_call_sites_follow_the_released_configuration():
+    # Hugging Face ZambaConfig._layers_block_type with 76 layers, period 6, offset 4
+    reference = ["mamba", "mamba", "hybrid"] + ["hybrid" if i % 6 == 4 else "mamba" for i in range(76 - 3)]
+    calls = zamba_shared_layers(76, 6)
+    assert calls == [i for i, kind in enumerate(reference) if kind == "hybrid"]
+    assert calls[:3] == [2, 7, 13] and calls[-1] == 73 and len(calls) == 13
+    pattern = zamba_pattern(76)
+    mixers, ffns = pattern_string(pattern)
+    assert len(pattern) == 89 and mixers.count("S") == 13 and mixers.count("M") == 76 and set(ffns) == {"·"}
+    assert all(mixers[i + 1] == "M" for i, m in enumerate(mixers) if m == "S")      # each call feeds a Mamba layer
+
+
+def _zamba_reference(model, embeddings):
+    """Zyphra's wiring (ZambaHybridLayer, ZambaAttentionDecoderLayer), written independently of HybridLM."""
+    x, s = embeddings, None
+    for layer in model.layers:
+        if layer.spec.mixer == "shared_attention":
+            block = layer.shared
+            h = block.attn(block.norm_in(torch.cat([x, embeddings], -1)), causal=True)
+            s = layer.proj(block.ffn(block.norm_ff(h)))                   # no residual inside the block
+        else:
+            residual = x
+            x = residual + layer.mixer(layer.norm(x if s is None else x + s))   # s joins the input only
+            s = None
+    return x
+
+
+def test_zamba_shared_output_joins_the_next_mamba_input_not_the_stream():
+    torch.manual_seed(0)
+    model = HybridLM(zamba_pattern(9, shared_every=3), SMALL).double()
+    tokens = torch.randint(0, SMALL.vocab, (2, 11))
+    e = model.embed_tokens(tokens)
+    states = model.hidden_states(e)
+    assert torch.allclose(states[-1], _zamba_reference(model, e), atol=1e-12)
+    for i, spec in enumerate(model.pattern):
+        if spec.mixer == "shared_attention":                         # the stream passes a call site unchanged
+            assert torch.equal(states[i], states[i - 1] if i else e)
+    block = model.shared
+    x = torch.randn(2, 11, SMALL.d_model, dtype=F64)
+    a = block.attn(block.norm_in(torch.cat([x, e], -1)), causal=True)
+    assert torch.allclose(block(x, e), block.ffn(block.norm_ff(a)), atol=1e-14)
+
+
+def test_a_shared_call_must_feed_a_layer():
+    with pytest.raises(ValueError, match="shared_attention entry must be followed"):
+        HybridLM([LayerSpec("mamba", None), LayerSpec("shared_attention", None)], SMALL)
+    with pytest.raises(ValueError, match="its ffn must be None"):
+        HybridLM([LayerSpec("shared_attention", "mlp"), LayerSpec("mamba", None)], SMALL)
+
+
+def test_attention_fraction_counts_layers_not_shared_calls():
+    assert attention_fraction(zamba_pattern(76)) == 13 / 76              # 0.171: the chapter's number
+    assert attention_fraction(jamba_pattern(32)) == 1 / 8
+    assert attention_fraction(griffin_pattern(12)) == 0
+    with pytest.raises(ValueError, match="no layer besides"):
+        attention_fraction([LayerSpec("shared_attention", None)])
+
+
+@pytest.mark.parametrize("builder", [jamba_pattern, griffin_pattern, striped_hyena_pattern, zamba_pattern])
+def test_pattern_builders_reject_zero_layers(builder):
+    with pytest.raises(ValueError, match="must be a positive int"):
+        builder(0)
+
+
 def test_griffin_and_striped_hyena_patterns():
     assert pattern_string(griffin_pattern(6))[0] == "RRWRRW"
     assert attention_fraction(griffin_pattern(12), include_local=True) == 1 / 3
@@ -233,9 +330,36 @@ def test_bad_input_is_named():
 
 
 def test_moe_pattern_adds_an_aux_loss():
-    model = HybridLM(jamba_pattern(8), SMALL)
+    torch.manual_seed(0)
+    model = HybridLM(jamba_pattern(8), SMALL).double()
+    routed = []
+    for layer in model.layers:
+        if layer.spec.ffn == "moe":
+            layer.ffn.router.register_forward_hook(lambda mod, inp, out: routed.append(out))
     model(torch.randint(0, SMALL.vocab, (2, 9)))
-    assert model.aux_loss().item() >= 0.999 * 4   # 4 MoE layers, each ≥ 1 (its value at perfect balance)
+    assert len(routed) == 4                                                       # 4 MoE layers
+    by_hand = 0.0
+    for probs, _, index in routed:                                                # E Σ_i f_i P_i per layer
+        E = probs.shape[-1]
+        f = torch.stack([(index == i).sum() for i in range(E)]).double() / index.numel()
+        by_hand += E * (f * probs.mean(0)).sum().item()
+    assert math.isclose(model.aux_loss().item(), by_hand, rel_tol=1e-6)
+
+
+def test_switch_loss_is_not_bounded_below_by_one():
+    # two experts, top-1: three tokens at p = (0.51, 0.49) go to expert 0, one at p = (0, 1) to expert 1
+    probs = torch.tensor([[0.51, 0.49]] * 3 + [[0.0, 1.0]], dtype=F64)
+    index = torch.tensor([[0], [0], [0], [1]])
+    loss = switch_load_balancing_loss(probs, index, 2).item()
+    assert math.isclose(loss, 2 * (0.75 * 0.3825 + 0.25 * 0.6175), rel_tol=1e-9) and loss < 1   # 0.8825
+
+
+def test_switch_loss_is_at_most_E_over_k():
+    E, k, T = 8, 2, 16
+    probs = torch.zeros(T, E, dtype=F64)
+    probs[:, 0] = 1.0                                      # all probability on expert 0 ...
+    index = torch.tensor([[0, 1]] * T)                     # ... and every token sent to experts 0 and 1
+    assert math.isclose(switch_load_balancing_loss(probs, index, E).item(), E / k)
 
 
 # --- calculators -----------------------------------------------------------------------------------
@@ -312,10 +436,15 @@ def test_moe_equals_a_per_token_loop():
 
 def test_balancing_loss_prevents_expert_collapse():
     free, balanced = (toy_routing_run(alpha, seed=0) for alpha in (0.0, 0.1))
-    dead_free = int((free["load"] < 0.01).sum())
-    dead_balanced = int((balanced["load"] < 0.01).sum())
-    assert dead_free >= 2 and dead_balanced == 0
+    assert torch.equal(free["load_init"], balanced["load_init"])         # the same start, measured before any step
+    assert int((free["load_init"] < 0.01).sum()) == 0                     # every expert alive at initialisation
+    assert int((free["load"] < 0.01).sum()) >= 2 and int((balanced["load"] < 0.01).sum()) == 0
     assert balanced["entropy"][-1] > 2.7 > free["entropy"][-1]       # log2(8) = 3 bits when perfectly balanced
+
+
+def test_a_two_dimensional_router_input_starts_with_dead_experts():
+    run = toy_routing_run(0.0, seed=0, steps=1, in_dim=2)
+    assert int((run["load_init"] < 0.01).sum()) >= 2                    # empty regions of the plane, before training
 
 
 def test_state_size_grows_only_for_global_attention():
@@ -335,6 +464,29 @@ def test_attention_module_reused_for_gqa():
     assert isinstance(mixer.attn, MultiHeadAttention) and mixer.attn.n_kv_heads == 2
 
 
+def test_memory_horizon_is_the_first_step_below_eps():
+    for a in (0.5, 0.9, 0.99, 0.999):
+        k = memory_horizon(a)
+        assert a**k < 0.01 <= a ** (k - 1)
+    assert (memory_horizon(0.9), memory_horizon(0.999), memory_horizon(0.0)) == (44, 4603, 1)
+    with pytest.raises(ValueError, match="a must lie"):
+        memory_horizon(1.0)
+
+
+def test_moe_routing_experiment_smoke_and_shipped_file():
+    from attnlab.experiments import moe_routing
+    point = moe_routing.run_point(moe_routing.PointConfig(0.0, steps=5))
+    assert len(point["load"]) == 8 and abs(sum(point["load"]) - 1) < 1e-4 and abs(sum(point["load_init"]) - 1) < 1e-4
+    data = moe_routing.load()
+    assert data["command"].startswith("python -m attnlab.experiments.moe_routing")
+    dead, dead_init = moe_routing.dead_table(data["points"]), moe_routing.dead_table(data["points"], "dead_init")
+    assert sorted(dead) == [(a, lr) for a in moe_routing.ALPHAS for lr in moe_routing.LRS]
+    assert all(len(v) == 3 for v in dead.values())
+    assert all(v == [0, 0, 0] for v in dead_init.values())                # balanced at initialisation
+    assert min(dead[(0.0, 1e-2)]) >= 2                                    # collapse develops without the loss
+    assert all(dead[(0.1, lr)] == [0, 0, 0] for lr in moe_routing.LRS)    # and not with it, at every rate
+
+
 def test_stationary_variance():
     assert stationary_variance(0.999) == 1.0 and math.isclose(stationary_variance(0.9, normalize=False), 1 / 0.19)
     with pytest.raises(ValueError, match="a must lie"):
@@ -350,3 +502,60 @@ def test_figure_builders():
     fig = matrix_gallery([{"a": m, "b": 2 * m}, {"a": m.sqrt(), "b": m}], ["x", "y"], cols=2)
     assert len(fig.data) == 2 and len(fig.layout.sliders[0].steps) == 2
     assert abs(np.asarray(fig.data[1].z).max() - 1) < 1e-9              # each matrix scaled to its own maximum
+
+
+# --- decoding one token at a time ------------------------------------------------------------------
+
+DECODE_PATTERNS = {**PATTERNS, "linear": uniform_pattern("linear_attention", 2),
+                   "short_conv": uniform_pattern("short_conv", 2), "samba": [LayerSpec("mamba"), LayerSpec("local_attention")] * 2}
+
+
+@pytest.mark.parametrize("name", list(DECODE_PATTERNS))
+def test_cached_decoding_equals_the_parallel_forward(name):
+    torch.manual_seed(0)
+    model = HybridLM(DECODE_PATTERNS[name], SMALL).double()
+    tokens = torch.randint(0, SMALL.vocab, (2, 11))
+    assert torch.allclose(model.decode(tokens), model(tokens), atol=1e-12)
+    assert torch.equal(model.generate(tokens[:, :4], 6), model.generate(tokens[:, :4], 6, use_cache=False))
+    state = model.init_state(2)
+    for t in range(11):
+        _, state = model.step(tokens[:, t], state)
+    assert sum(decode_state_numbers(state)) == 2 * model.state_size(11)   # the state that exists is state_size's
+    assert state["position"] == 11
+
+
+def test_decoding_in_float32_agrees_with_float64():
+    torch.manual_seed(0)
+    model = HybridLM(jamba_pattern(8), SMALL).double()
+    tokens = torch.randint(0, SMALL.vocab, (2, 9))
+    ref = model(tokens)
+    model32 = HybridLM(jamba_pattern(8), SMALL).float()
+    model32.load_state_dict(model.state_dict())
+    assert agrees(model32.decode(tokens), model32(tokens), ref)
+
+
+def test_decoding_uses_learned_positions():
+    torch.manual_seed(0)
+    model = HybridLM(griffin_pattern(3), HybridConfig(vocab=16, d_model=8, n_heads=2, window=2, max_len=6)).double()
+    tokens = torch.randint(0, 16, (1, 6))
+    assert torch.allclose(model.decode(tokens), model(tokens), atol=1e-12)
+    state = model.init_state(1)
+    for t in range(6):
+        _, state = model.step(tokens[:, t], state)
+    with pytest.raises(ValueError, match="max_len"):
+        model.step(tokens[:, 0], state)
+
+
+def test_cache_grows_for_attention_only():
+    torch.manual_seed(0)
+    pattern = [LayerSpec("attention"), LayerSpec("local_attention"), LayerSpec("mamba"), LayerSpec("rglru"),
+               LayerSpec("hyena")]
+    model = HybridLM(pattern, SMALL)
+    state, sizes = model.init_state(1), []
+    for t in range(8):
+        _, state = model.step(torch.tensor([t % SMALL.vocab]), state)
+        sizes.append(decode_state_bytes(state))
+    attention, window, *fixed = zip(*sizes)
+    assert list(attention) == [4 * 2 * 16 * (t + 1) for t in range(8)]      # float32 K and V: 2 × 16 numbers/token
+    assert list(window) == [4 * 2 * 8 * min(t + 1, SMALL.window) for t in range(8)]   # one KV head (MQA), last w
+    assert all(len(set(f)) == 1 for f in fixed)

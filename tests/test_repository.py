@@ -163,6 +163,9 @@ PATTERN_CHAPTERS = [
     "07_flash_attention",
     "09_linear_attention",
     "08_sparse_attention",
+    "10_state_space_models",
+    "11_mamba",
+    "12_hybrid_architectures",
     "14_frontiers",
 ]
 CODE_COLUMN = 88  # characters that fit the book's code column at a 1280-px window

@@ -249,7 +249,7 @@ def test_selective_scan_errors_name_the_argument():
         selective_scan(u[0], delta, A, B, C)
     with pytest.raises(ValueError, match=r"A must be \(d, n\)"):
         selective_scan(u, delta, A.T, B, C)
-    with pytest.raises(ValueError, match=r"B must have shape \(2, 4, 10\)"):
+    with pytest.raises(ValueError, match=r"B must have shape \(b, n, L\) = \(2, 4, 10\)"):
         selective_scan(u, delta, A, B.transpose(1, 2), C)
     with pytest.raises(ValueError, match="delta must have shape"):
         selective_scan(u, delta[..., :5], A, B, C)

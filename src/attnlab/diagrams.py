@@ -1603,3 +1603,717 @@ def speculative_step(gamma: int = 4, accepted: int = 2, tokens=("d", "e", "f", "
 
 
 ALL += [mla_compression, ring_pass, speculative_step]
+
+
+# ----------------------------------------------------------------------------- chapter 10: state space models
+
+def _sup(i: int) -> str:
+    """Unicode superscript digits: 12 -> '¹²'."""
+    return str(i).translate(str.maketrans("0123456789", "⁰¹²³⁴⁵⁶⁷⁸⁹"))
+
+
+def zoh_hold(a: float = -1.0, delta: float = 0.5, inputs=(1.0, 0.3, -0.7, 0.9, 0.4)) -> Diagram:
+    """Zero-order hold: the input held constant over each step of length Δ, and the state it drives.
+
+    Top: the samples u_k, each held over the step that ends at t_k = kΔ. Bottom: the exact
+    solution of h' = a h + u (b = c = 1) under that held input, drawn finely, and its values at
+    the step ends, h_k. Because the input is constant over a step, the end of the step follows
+    exactly from its start: h_k = Ā h_{k−1} + B̄ u_k with Ā = e^{Δa}, B̄ = (e^{Δa} − 1)/a, the
+    numbers printed, taken from :func:`attnlab.ssm.discretize`.
+    """
+    from .ssm import discretize
+    inputs = tuple(float(u) for u in inputs)
+    if not (a < 0 and delta > 0 and 2 <= len(inputs) <= 8):
+        raise ValueError(f"zoh_hold: needs a < 0, delta > 0 and 2 to 8 inputs, got a={a}, delta={delta}, "
+                         f"{len(inputs)} inputs")
+    A_bar, B_bar = (v.item() for v in discretize(torch.tensor([a], dtype=torch.float64),
+                                                 torch.ones(1, dtype=torch.float64), delta))
+    steps, fine = len(inputs), 24
+    curve, h, ends = [(0.0, 0.0)], 0.0, []
+    for k, u in enumerate(inputs):                 # the exact solution inside step k, from its start h
+        for i in range(1, fine + 1):
+            s = delta * i / fine
+            curve.append((k * delta + s, math.exp(a * s) * h + (math.exp(a * s) - 1) / a * u))
+        h = A_bar * h + B_bar * u                  # the recurrence lands on the curve's end
+        ends.append(h)
+    W, H = 800, 500
+    x0, x1 = 70, 500
+    px = lambda t: x0 + (x1 - x0) * t / (steps * delta)
+    u_max = max(1e-9, max(abs(u) for u in inputs))
+    h_max = max(1e-9, max(abs(v) for _, v in curve))
+    pu = lambda v: 130 - 70 * v / u_max
+    ph = lambda v: 360 - 70 * v / h_max
+    dr = Drawing(_name("zoh_hold", a, delta, inputs), W, H,
+                 f"Zero-order hold: the input held over each step Δ = {delta:g}",
+                 f"Top: {steps} input samples u_1 to u_{steps} = " + ", ".join(f"{u:g}" for u in inputs)
+                 + f", each held constant over one step of length Δ = {delta:g}, a staircase. Bottom: the "
+                 f"continuous state of h' = a h + u with a = {a:g}, driven by that staircase and drawn exactly; "
+                 "it relaxes towards u/|a| within each step. Its values at the step ends are the discrete states "
+                 "h_1 to h_" + f"{steps} = " + ", ".join(f"{v:.3f}" for v in ends) + ". Because the input is "
+                 f"constant within a step, they follow exactly from h_k = Ā h_(k−1) + B̄ u_k with "
+                 f"Ā = e^(Δa) = {A_bar:.3f} and B̄ = (e^(Δa) − 1)/a = {B_bar:.3f}.")
+    dr.text(20, 24, "the input, sampled and held: u(t) = u_{k} on (t_{k−1}, t_{k}]", 15, anchor="start",
+            weight="700")
+    dr.text(20, 250, f"the state, solved exactly under the held input (a = {_minus(f'{a:g}')})", 15,
+            anchor="start", weight="700")
+    for y in (pu(0), ph(0)):
+        dr.line((x0, y), (x1 + 10, y), width=1)
+    for k in range(steps + 1):                     # step boundaries t_k
+        dr.line((px(k * delta), 56), (px(k * delta), 420), width=0.8, dashed=True)
+        dr.text(px(k * delta), 436, f"t_{{{k}}}", 14)
+    dr.text((x0 + x1) / 2, 462, f"time t (one step = Δ = {delta:g})", 14)
+    for k, u in enumerate(inputs):
+        xa, xb = px(k * delta), px((k + 1) * delta)
+        dr.rect(min(xa, xb), min(pu(0), pu(u)), xb - xa, abs(pu(u) - pu(0)), ORANGE, 0.25, rx=0, width=0)
+        dr.line((xa, pu(u)), (xb, pu(u)), width=2.5, color=ORANGE)
+        dr.circle(xb, pu(u), 4, color=ORANGE, fill_opacity=1.0)
+        dr.text((xa + xb) / 2, pu(u) + (-13 if u >= 0 else 13), f"u_{{{k + 1}}}", 14)
+    dr.line(*[(px(t), ph(v)) for t, v in curve], width=2.5, color=BLUE)
+    for k, v in enumerate(ends):
+        dr.circle(px((k + 1) * delta), ph(v), 6, color=VERMILLION, fill_opacity=0.9)
+        dr.text(px((k + 1) * delta) - 16, ph(v) + (-16 if v >= 0 else 18), f"h_{{{k + 1}}}", 14)
+    tx = 540
+    dr.rect(tx - 10, 60, 260, 330, INK, 0.04, stroke=INK, rx=8, width=1)
+    lines = [("over one step, u is a constant:", "600"),
+             ("h(t_{k}) = exp(Δa) · h(t_{k−1})", None),
+             ("   + (exp(Δa) − 1)/a · u_{k}", None),
+             ("", None),
+             ("so the recurrence is exact:", "600"),
+             ("h_{k} = Ā h_{k−1} + B̄ u_{k}", None),
+             (f"Ā = exp(Δa) = {A_bar:.3f}", None),
+             (f"B̄ = (exp(Δa) − 1)/a = {B_bar:.3f}", None),
+             ("", None),
+             ("blue: the continuous state", None),
+             ("red dots: h_{k}, what the model keeps", None),
+             ("orange: the held input", None)]
+    for i, (s, weight) in enumerate(lines):
+        if s:
+            dr.text(tx, 84 + i * 25, s, 14, anchor="start", weight=weight)
+    return dr.diagram()
+
+
+def ssm_two_readings(a: float = -0.5, delta: float = 1.0, c: float = 1.0, length: int = 5) -> Diagram:
+    """One SSM, two readings: the same graph read along time (a recurrence) and along lags (a convolution).
+
+    Inputs u_t (top) enter states h_t through B̄, states pass on through Ā, outputs y_t read the
+    state through C. Read left to right it is the recurrence h_t = Ā h_{t−1} + B̄ u_t. Read from
+    one output back to every input, each path from u_s to y_t crosses t − s arrows Ā, so its
+    weight is C Ā^{t−s} B̄ = K_{t−s}: the convolution y_t = Σ_k K_k u_{t−k}. The kernel values
+    printed come from :func:`attnlab.ssm.ssm_kernel` on :func:`attnlab.ssm.discretize` (ZOH,
+    one state, b = 1).
+    """
+    from .ssm import discretize, ssm_kernel
+    if not (isinstance(length, int) and 3 <= length <= 6 and a < 0 and delta > 0):
+        raise ValueError(f"ssm_two_readings: needs 3 <= length <= 6, a < 0 and delta > 0, got length={length}, "
+                         f"a={a}, delta={delta}")
+    A_bar, B_bar = discretize(torch.tensor([[a]], dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
+                              delta)
+    K = ssm_kernel(A_bar, B_bar, torch.tensor([[c]], dtype=torch.float64), length)[0].tolist()
+    ab, bb = A_bar.item(), B_bar.item()
+    last, src = length - 1, 1                      # the highlighted path: u_1 -> y_{L-1}
+    W, H = 800, 520
+    gap, x0 = 84, 50
+    xs = [x0 + 30 + i * gap for i in range(length)]
+    yu, yh, yy = 96, 216, 336
+    dr = Drawing(_name("ssm_two_readings", a, delta, c, length), W, H,
+                 "One SSM, two readings: a recurrence and a convolution",
+                 f"A chain of {length} states h_0 to h_{last}. Each input u_t enters its state through B̄ = {bb:.3f}, "
+                 f"each state passes to the next through Ā = {ab:.3f}, each output y_t reads its state through "
+                 f"C = {c:g}. Read along time, this is the recurrence h_t = Ā h_(t−1) + B̄ u_t, y_t = C h_t. Read "
+                 f"from the output y_{last} back to each input u_s, every path crosses {last} − s arrows Ā, so its "
+                 f"weight is C Ā^({last}−s) B̄ = K_({last}−s). The highlighted path from u_{src} crosses "
+                 f"{last - src} arrows: weight K_{last - src} = {K[last - src]:.3f}. The kernel K_0 to K_{last} = "
+                 + ", ".join(f"{k:.3f}" for k in K) + f" is drawn as bars: y_t = Σ_k K_k u_(t−k).")
+    dr.text(20, 24, "reading 1, along time: a recurrence", 16, anchor="start", weight="700")
+    dr.text(20, 48, "h_{t} = Ā h_{t−1} + B̄ u_{t},   y_{t} = C h_{t}", 14, anchor="start")
+    on_path = lambda t: src <= t <= last
+    for t, x in enumerate(xs):
+        hot = on_path(t)
+        dr.circle(x, yu, 20, f"u_{{{t}}}", color=ORANGE if t == src else INK,
+                  fill_opacity=0.3 if t == src else 0.0, size=15)
+        dr.arrow((x, yu + 22), (x, yh - 24), color=ORANGE if t == src else INK, width=2.5 if t == src else 1.2)
+        dr.rect(x - 26, yh - 22, 52, 44, BLUE, 0.35 if hot else 0.15, rx=6, stroke=INK if hot else None)
+        dr.text(x, yh, f"h_{{{t}}}", 15)
+        dr.arrow((x, yh + 24), (x, yy - 22), color=ORANGE if t == last else INK,
+                 width=2.5 if t == last else 1.2)
+        dr.circle(x, yy, 20, f"y_{{{t}}}", color=ORANGE if t == last else INK,
+                  fill_opacity=0.3 if t == last else 0.0, size=15)
+        if t:
+            dr.arrow((xs[t - 1] + 28, yh), (x - 28, yh), color=ORANGE if on_path(t - 1) else INK,
+                     width=2.5 if on_path(t - 1) else 1.2)
+            dr.text((xs[t - 1] + x) / 2, yh - 14, "Ā", 14)
+    dr.text(xs[0] - 16, (yu + yh) / 2, "B̄", 14, anchor="end")
+    dr.text(xs[0] - 16, (yh + yy) / 2, "C", 14, anchor="end")
+    dr.text(x0, 390, f"u_{{{src}}} reaches y_{{{last}}} across {last - src} arrows Ā:", 14, anchor="start",
+            weight="600", color=INK)
+    dr.text(x0, 412, f"weight C Ā{_sup(last - src)} B̄ = K_{{{last - src}}} = {_minus(f'{K[last - src]:.3f}')}",
+            14, anchor="start")
+    # reading 2: the kernel as bars
+    bx, base, top = 540, 336, 130
+    dr.text(bx - 10, 24, "reading 2, along the lags:", 16, anchor="start", weight="700")
+    dr.text(bx - 10, 48, "a convolution, K_{k} = C Āᵏ B̄", 14, anchor="start")
+    k_max = max(1e-9, max(abs(k) for k in K))
+    bw = 200 / length
+    dr.line((bx, base), (bx + 210, base), width=1)
+    for k, v in enumerate(K):
+        hgt = (base - top) * abs(v) / k_max
+        y = base - hgt if v >= 0 else base
+        hot = k == last - src
+        dr.rect(bx + k * bw + 4, y, bw - 8, hgt, ORANGE if hot else BLUE, 0.45 if hot else 0.25, rx=2)
+        dr.text(bx + k * bw + bw / 2, (y - 12) if v >= 0 else (y + hgt + 12), _minus(f"{v:.3f}"), 13)
+        dr.text(bx + k * bw + bw / 2, base + 16, f"K_{{{k}}}", 14)
+    dr.text(bx + 100, base + 40, "lag k", 14)
+    terms = " + ".join(f"K_{{{k}}}u_{{{last - k}}}" for k in range(length))
+    dr.text(W / 2, 462, f"the same number both ways: y_{{{last}}} = {terms}", 15, weight="600")
+    dr.text(W / 2, 490, "recurrence: one state carried forward (generation); convolution: all y at once (training)",
+            14)
+    return dr.diagram()
+
+
+ALL += [zoh_hold, ssm_two_readings]
+
+
+# ----------------------------------------------------------------------------- chapter 12: hybrids
+
+_MIXER_LOOK = {"A": (VERMILLION, "attention"), "W": (ORANGE, "local attention"), "M": (BLUE, "Mamba"),
+               "R": (GREEN, "RG-LRU"), "H": (PURPLE, "Hyena"), "L": (SKY, "linear attention"),
+               "C": (YELLOW, "short convolution")}
+_FFN_LOOK = {"f": (SKY, "MLP"), "E": (YELLOW, "mixture of experts")}
+
+
+def layer_stack(pattern=None, name: str = "Jamba-v0.1", per_row: int = 32) -> Diagram:
+    """A hybrid's layer stack drawn from its pattern (a list of :class:`attnlab.hybrid.LayerSpec`).
+
+    One column per residual layer, left to right from the input: its sequence mixer on top, its
+    feed-forward network below (none: a dashed outline). A Zamba-style ``shared_attention``
+    entry is not a layer of its own: it is drawn as an "S" marker over the layer whose input its
+    output joins, and every marker stands for a call of the same weights. Rows wrap after
+    ``per_row`` layers. The counts in the caption are computed from the pattern.
+    """
+    from .hybrid import LayerSpec, jamba_pattern, pattern_string
+
+    pattern = jamba_pattern(32) if pattern is None else list(pattern)
+    if not pattern or not all(isinstance(s, LayerSpec) for s in pattern):
+        raise TypeError("layer_stack: pattern must be a non-empty list of LayerSpec")
+    if not (isinstance(per_row, int) and 4 <= per_row <= 40):
+        raise ValueError(f"layer_stack: per_row must be an int in [4, 40], got {per_row!r}")
+    mixers, ffns = pattern_string(pattern)
+    cols, marked = [], set()                        # (mixer letter, ffn letter) per residual layer
+    for m, f in zip(mixers, ffns):
+        if m == "S":
+            marked.add(len(cols))
+        else:
+            cols.append((m, f))
+    if not cols:
+        raise ValueError("layer_stack: the pattern has no layer besides shared-block calls")
+    n = len(cols)
+    per_row = min(per_row, n)
+    rows = -(-n // per_row)
+    x0, W = 78, 760
+    cell = min(52.0, (W - x0 - 12) / per_row)
+    band = 128
+    top = 58
+    H = top + rows * band + 96
+    counts = {k: sum(m == k for m, _ in cols) for k in _MIXER_LOOK}
+    parts = [f"{c} {_MIXER_LOOK[k][1]}" for k, c in counts.items() if c]
+    n_moe = sum(f == "E" for _, f in cols)
+    where = {k: [i for i, (m, _) in enumerate(cols) if m == k] for k in _MIXER_LOOK}
+    desc = (f"{name}: {n} residual layers, left to right from the input. Mixers: " + "; ".join(
+        f"{_MIXER_LOOK[k][1]} at layers {', '.join(map(str, v))}" if len(v) <= 16 else
+        f"{_MIXER_LOOK[k][1]} in {len(v)} layers" for k, v in where.items() if v) + ". FFNs: "
+        + (f"mixture of experts at layers {', '.join(str(i) for i, (_, f) in enumerate(cols) if f == 'E')}; "
+           if n_moe else "") + f"{sum(f == 'f' for _, f in cols)} dense MLPs, "
+        f"{sum(f == '·' for _, f in cols)} layers without one."
+        + (f" One shared attention + MLP block is called {len(marked)} times, before layers "
+           f"{', '.join(map(str, sorted(marked)))}; its output joins those layers' input." if marked else ""))
+    dr = Drawing(_name("layer_stack", name, mixers, ffns, per_row), W, H,
+                 f"{name}: {n} layers, " + ", ".join(parts), desc)
+    dr.text(W / 2, 24, f"{name}: {n} layers", 17, weight="700")
+    for r in range(rows):
+        y = top + r * band
+        dr.text(x0 - 10, y + 36, "mixer", 14, anchor="end")
+        dr.text(x0 - 10, y + 78, "FFN", 14, anchor="end")
+        for j in range(per_row):
+            i = r * per_row + j
+            if i >= n:
+                break
+            m, f = cols[i]
+            x = x0 + j * cell
+            colour, _ = _MIXER_LOOK[m]
+            dr.rect(x + 1.5, y + 18, cell - 3, 36, colour, 0.45 if m in "AW" else 0.3, rx=3)
+            dr.text(x + cell / 2, y + 36, m, 14, weight="700" if m in "AW" else None)
+            if f == "·":
+                dr.rect(x + 1.5, y + 62, cell - 3, 32, INK, 0.0, rx=3, dashed=True, width=1)
+            else:
+                fc, _ = _FFN_LOOK[f]
+                dr.rect(x + 1.5, y + 62, cell - 3, 32, fc, 0.6 if f == "E" else 0.25, rx=3,
+                        stroke=INK if f == "E" else None, width=1.2)
+                dr.text(x + cell / 2, y + 78, f, 14)
+            if i in marked:
+                dr.circle(x + cell / 2, y + 4, 9, "S", color=VERMILLION, fill_opacity=0.35, size=13)
+                dr.line((x + cell / 2, y + 13), (x + cell / 2, y + 18), color=VERMILLION, width=2)
+            step = 1 if cell >= 40 else (4 if cell >= 16 else 8)
+            if i % step == 0:
+                dr.text(x + cell / 2, y + 108, str(i), 13)
+    ly = top + rows * band + 8
+    items = [(c, lab) for k, (c, lab) in _MIXER_LOOK.items() if counts[k]]
+    items += [(_FFN_LOOK[k][0], _FFN_LOOK[k][1]) for k in "fE" if any(f == k for _, f in cols)]
+    lx = x0
+    for colour, lab in items:
+        dr.rect(lx, ly, 16, 16, colour, 0.45, rx=3)
+        dr.text(lx + 22, ly + 8, lab, 14, anchor="start")
+        lx += 40 + 8.6 * len(lab)
+    if any(f == "·" for _, f in cols):
+        dr.rect(lx, ly, 16, 16, INK, 0.0, rx=3, dashed=True, width=1)
+        dr.text(lx + 22, ly + 8, "no FFN", 14, anchor="start")
+        lx += 40 + 8.6 * 6
+    if marked:
+        dr.circle(lx + 8, ly + 8, 9, "S", color=VERMILLION, fill_opacity=0.35, size=13)
+        dr.text(lx + 24, ly + 8, "shared-block call", 14, anchor="start")
+    summary = ", ".join(parts) + (f"; MoE FFN in {n_moe} layers" if n_moe else "") + (
+        f"; {len(marked)} calls of one shared block" if marked else "")
+    dr.text(W / 2, H - 36, summary, 14)
+    dr.text(W / 2, H - 14, "layer index under each column; data flows left to right", 13)
+    return dr.diagram()
+
+
+def zamba_shared_call(n_mamba: int = 76, shared_every: int = 6) -> Diagram:
+    """One call site of Zamba's shared block, and where its output goes.
+
+    The residual stream x (left) meets the token embeddings e; the shared block computes
+    s = W_l · MLP(RMSNorm(Attn(RMSNorm([x; e])))) with no residual inside it, and s is added to
+    the *input* of the next Mamba layer, x + Mamba(RMSNorm(x + s)), never to the stream itself.
+    The call sites are :func:`attnlab.hybrid.zamba_shared_layers` of the configuration.
+    """
+    from .hybrid import zamba_shared_layers
+
+    calls = zamba_shared_layers(n_mamba, shared_every)
+    o = 34                                           # everything below the title moves down by o
+    W, H = 760, 600 + o
+    sx, bx, bw = 110, 300, 230                      # stream x, shared block's left edge and width
+    cx = bx + bw / 2
+    listed = ", ".join(map(str, calls[:3])) + (f", …, {calls[-1]}" if len(calls) > 3 else "")
+    dr = Drawing(_name("zamba_shared_call", n_mamba, shared_every), W, H,
+                 f"Zamba's shared block at one call site ({len(calls)} calls in {n_mamba} Mamba layers)",
+                 "Data flows upward. The residual stream x and the token embeddings e are concatenated to "
+                 "[x; e], 2d wide. The shared block applies RMSNorm, causal attention whose output projection "
+                 "returns to width d, RMSNorm and an MLP, with no residual connection inside it. This call "
+                 "site's own d × d matrix W_l maps the result to s. s is added to the input of the next Mamba "
+                 "layer: the stream becomes x + Mamba(RMSNorm(x + s)); s never joins the stream directly. "
+                 f"The same block weights serve all {len(calls)} call sites (before Mamba layers {listed}); "
+                 "only W_l differs between them.")
+    dr.text(W / 2, 22, f"one call of the shared block (the same weights at all {len(calls)} calls)", 16,
+            weight="700")
+    # the residual stream
+    dr.line((sx, 560 + o), (sx, 112 + o), width=5, color=GREEN)
+    dr.arrow((sx, 90 + o), (sx, 46 + o), width=5, color=GREEN)
+    _add(dr, sx, 100 + o)
+    dr.text(sx, 578 + o, "x (stream, width d)", 14, italic=True)
+    dr.text(sx - 14, 330 + o, "residual stream", 14, anchor="end", color=GREEN, weight="600", rotate=-90)
+    dr.text(sx + 12, 34 + o, "x + Mamba(RMSNorm(x + s))", 14, italic=True, anchor="start")
+    # inputs of the shared block
+    dr.line((sx, 520 + o), (cx - 50, 520 + o))
+    dr.arrow((cx - 50, 520 + o), (cx - 50, 486 + o))
+    dr.text(cx + 150, 560 + o, "e: token embeddings", 14, anchor="middle", italic=True)
+    dr.text(cx + 150, 578 + o, "(the model's input, kept)", 13, anchor="middle")
+    dr.line((cx + 150, 546 + o), (cx + 150, 520 + o), (cx + 50, 520 + o))
+    dr.arrow((cx + 50, 520 + o), (cx + 50, 486 + o))
+    # the shared block, bottom to top
+    dr.rect(bx - 14, 204 + o, bw + 28, 292, INK, 0.0, rx=10, dashed=True)
+    dr.text(bx + bw + 22, 232 + o, "shared", 14, anchor="start", weight="700")
+    dr.text(bx + bw + 22, 250 + o, "block", 14, anchor="start", weight="700")
+    boxes = [(448, 36, "concat [x; e]", "width 2d", SKY), (396, 32, "RMSNorm (2d)", "", PURPLE),
+             (334, 44, "causal attention", "q, k, v from 2d; out → d", VERMILLION),
+             (282, 32, "RMSNorm (d)", "", PURPLE), (212, 54, "MLP", "d → d_{ff} → d", ORANGE)]
+    for i, (y, h, label, sub, colour) in enumerate(boxes):
+        dr.box(bx, y + o, bw, h, label, sub, colour, size=14)
+        if i:
+            dr.arrow((cx, boxes[i - 1][0] + o), (cx, y + h + o))
+    dr.text(bx + bw + 22, 300 + o, "no residual", 13, anchor="start")
+    dr.text(bx + bw + 22, 318 + o, "inside", 13, anchor="start")
+    # this call site's own projection
+    dr.arrow((cx, 212 + o), (cx, 196 + o))
+    dr.box(bx + 30, 160 + o, bw - 60, 36, "W_{l}: this call's own", "", BLUE, size=14, fill_opacity=0.35)
+    dr.arrow((cx, 160 + o), (cx, 140 + o), (238, 140 + o), label="s", label_at=(cx - 60, 128 + o))
+    # the Mamba layer that receives s
+    dr.line((sx, 420 + o), (226, 420 + o), (226, 154 + o))
+    _add(dr, 226, 140 + o)
+    dr.text(236, 164 + o, "x + s", 13, anchor="start")
+    dr.arrow((226, 127 + o), (226, 120 + o))
+    dr.box(176, 84 + o, 100, 36, "RMSNorm", "", PURPLE, size=14)
+    dr.arrow((226, 84 + o), (226, 74 + o))
+    dr.box(176, 40 + o, 100, 34, "Mamba", "", BLUE, size=14, fill_opacity=0.35)
+    dr.arrow((176, 57 + o), (sx + 30, 57 + o), (sx + 30, 100 + o), (sx + 14, 100 + o))
+    dr.text(W - 16, 84 + o, f"call sites: before Mamba layers {listed}", 13, anchor="end")
+    dr.text(W - 16, 104 + o, f"(Zamba-7B-v1: {n_mamba} layers, period {shared_every})", 13, anchor="end")
+    return dr.diagram()
+
+
+ALL += [layer_stack, zamba_shared_call]
+
+
+# ----------------------------------------------------------------------------- chapter 11: Mamba
+
+def mamba_block(d_model: int = 768, d_state: int = 16, d_conv: int = 4, expand: int = 2) -> Diagram:
+    """The Mamba block (Gu and Dao 2023, Figure 3), data flowing upward, with its parameter counts.
+
+    in_proj splits the input into the main branch x and the gate branch z. x passes a causal
+    depthwise convolution and SiLU, then the selective SSM, whose Δ_t, B_t and C_t are computed
+    from x itself (x_proj, dt_proj, softplus); z passes SiLU; the two are multiplied and out_proj
+    maps back to d_model. Every count is read off :class:`attnlab.ssm.Mamba` built on the meta
+    device for these sizes.
+    """
+    from .ssm import Mamba, MambaConfig
+
+    config = MambaConfig(d_model=int(d_model), d_state=int(d_state), d_conv=int(d_conv), expand=int(expand))
+    with torch.device("meta"):
+        m = Mamba(config)
+    count = lambda *ps: sum(p.numel() for p in ps)                        # noqa: E731
+    c, di, R = config, config.d_inner, config.rank
+    parts = {"in_proj": count(*m.in_proj.parameters()), "conv1d": count(*m.conv1d.parameters()),
+             "x_proj": count(*m.x_proj.parameters()), "dt_proj": count(*m.dt_proj.parameters()),
+             "A_log, D": count(m.A_log, m.D), "out_proj": count(*m.out_proj.parameters())}
+    total = count(*m.parameters())
+    W, H = 840, 660
+    dr = Drawing(_name("mamba_block", c.d_model, c.d_state, c.d_conv, c.expand), W, H,
+                 f"The Mamba block (d_model = {c.d_model}, d_inner = {di}, n = {c.d_state})",
+                 f"Data flows upward. The input u of width {c.d_model} enters in_proj, which produces two streams "
+                 f"of width {di}: x on the left and the gate z on the right. x passes a causal depthwise "
+                 f"convolution of width {c.d_conv} and a SiLU, then the selective SSM. From the same x, x_proj "
+                 f"computes a low-rank δ (rank {R}) and B_t, C_t ({c.d_state} numbers each), and dt_proj with a "
+                 f"softplus turns δ into the step size Δ_t of every channel; Δ_t, B_t and C_t enter the SSM, "
+                 f"which runs h_t = exp(Δ_t A) h_(t−1) + Δ_t B_t x_t and y_t = C_t·h_t + D x_t. z passes a SiLU. "
+                 f"The SSM output and SiLU(z) are multiplied elementwise and out_proj maps the product back to "
+                 f"width {c.d_model}. Parameters: " + ", ".join(f"{k} {v:,}" for k, v in parts.items())
+                 + f"; total {total:,}.")
+    mx, gx, bw = 340, 570, 170                         # the main branch, the gate branch
+    dr.text(mx, 630, f"u  (b, L, {c.d_model})", 15, italic=True)
+    dr.arrow((mx, 614), (mx, 590))
+    dr.box(mx - 110, 548, gx - mx + 220, 40, "in_proj", f"{c.d_model} → 2 × {di}", BLUE)
+    # main branch, bottom to top
+    dr.arrow((mx, 548), (mx, 520), label="x", label_at=(mx - 14, 532))
+    dr.box(mx - bw / 2, 478, bw, 40, "conv1d, causal", f"width {c.d_conv}, per channel", SKY)
+    dr.arrow((mx, 478), (mx, 452))
+    dr.box(mx - bw / 2, 418, bw, 32, "SiLU", color=GREEN)
+    dr.arrow((mx, 418), (mx, 318))
+    # the selection branch, to the left: Δ_t, B_t, C_t computed from x itself
+    sx, sw = 24, 176
+    dr.line((mx, 400), (sx + sw / 2, 400), (sx + sw / 2, 372))
+    dr.arrow((sx + sw / 2, 373), (sx + sw / 2, 370))
+    dr.box(sx, 324, sw, 46, "x_proj", f"{di} → {R} + 2 × {c.d_state}", PURPLE)
+    dr.arrow((sx + sw / 2, 324), (sx + sw / 2, 262), label="δ", label_at=(sx + sw / 2 + 12, 294))
+    dr.box(sx, 218, sw, 42, "dt_proj, softplus", f"δ → Δ_{{t}}  ({di})", PURPLE)
+    ssm_x = mx - 100
+    dr.arrow((sx + sw, 239), (ssm_x - 2, 239), color=ORANGE, width=2)
+    dr.text((sx + sw + ssm_x) / 2, 226, "Δ_{t}", 14, color=ORANGE, weight="600")
+    dr.arrow((sx + sw, 347), (sx + sw + 16, 347), (sx + sw + 16, 296), (ssm_x - 2, 296), color=ORANGE, width=2)
+    dr.text(sx + sw + 22, 330, "B_{t}, C_{t}", 14, anchor="start", color=ORANGE, weight="600")
+    dr.rect(ssm_x, 196, 200, 120, ORANGE, 0.16, rx=8)
+    dr.text(mx, 214, "selective SSM", 15, weight="700")
+    dr.text(mx, 240, "h_{t} = exp(Δ_{t}A) h_{t−1}", 14)
+    dr.text(mx, 260, "+ Δ_{t} B_{t} x_{t}", 14)
+    dr.text(mx, 282, "y_{t} = C_{t}·h_{t} + D x_{t}", 14)
+    dr.text(mx, 304, f"state: {di} × {c.d_state}", 13)
+    dr.arrow((mx, 196), (mx, 142))
+    # gate branch
+    dr.arrow((gx, 548), (gx, 452), label="z", label_at=(gx + 14, 500))
+    dr.box(gx - 60, 418, 120, 32, "SiLU", color=GREEN)
+    dr.arrow((gx, 418), (gx, 128), (mx + 16, 128))
+    dr.text(gx - 10, 280, "the gate", 14, anchor="end", italic=True)
+    # multiply and out_proj
+    dr.circle(mx, 128, 14, width=2)
+    dr.text(mx, 128, "×", 18)
+    dr.arrow((mx, 114), (mx, 92))
+    dr.box(mx - bw / 2, 50, bw, 40, "out_proj", f"{di} → {c.d_model}", BLUE)
+    dr.arrow((mx, 50), (mx, 30))
+    dr.text(mx, 18, f"out  (b, L, {c.d_model})", 15, italic=True)
+    # parameter table on the right
+    tx = 640
+    dr.text(tx, 56, "parameters", 15, anchor="start", weight="700")
+    for k, (name, v) in enumerate(parts.items()):
+        dr.text(tx, 84 + 24 * k, name, 14, anchor="start")
+        dr.text(W - 16, 84 + 24 * k, f"{v:,}", 14, anchor="end")
+    dr.line((tx, 84 + 24 * len(parts) - 10), (W - 16, 84 + 24 * len(parts) - 10), width=1)
+    dr.text(tx, 84 + 24 * len(parts) + 6, "total", 14, anchor="start", weight="600")
+    dr.text(W - 16, 84 + 24 * len(parts) + 6, f"{total:,}", 14, anchor="end", weight="600")
+    dr.text(tx, 84 + 24 * len(parts) + 32, f"= {total / c.d_model ** 2:.2f} d_{{model}}²", 14, anchor="start")
+    return dr.diagram()
+
+
+def selective_scan_flow(tokens=("7", "·", "·", "3", "·", "·"), deltas=(2.0, 0.01, 0.01, 2.0, 0.01, 0.01),
+                        A: float = -1.0) -> Diagram:
+    """The selective scan as a state flowing through time, one column per token.
+
+    Each token x_t computes its own Δ_t, B_t, C_t; the state h_(t−1) is multiplied by the decay
+    ā_t = exp(Δ_t A) (printed, for the diagonal entry ``A``), Δ_t B_t x_t is added, and
+    y_t = C_t·h_t is read out. Large Δ_t: ā_t near 0, the old state is replaced by the token;
+    Δ_t near 0: ā_t near 1 and nothing is written, the token passes by.
+    """
+    tokens, deltas = tuple(str(t) for t in tokens), tuple(float(v) for v in deltas)
+    if len(tokens) != len(deltas) or not 1 <= len(tokens) <= 8 or min(deltas) < 0 or A > 0:
+        raise ValueError(f"selective_scan_flow: needs 1 to 8 tokens with as many deltas >= 0 and A <= 0, "
+                         f"got {len(tokens)} tokens, {len(deltas)} deltas, A = {A}")
+    decays = torch.exp(torch.tensor(deltas, dtype=torch.float64) * A).tolist()
+    T, step, x0 = len(tokens), 108, 170
+    W, H = max(640, x0 + T * step + 20), 520
+    dr = Drawing(_name("selective_scan_flow", tokens, deltas, A), W, H,
+                 f"The selective scan over {T} tokens",
+                 f"One column per token, time running left to right. Each token x_t computes its own step size "
+                 f"Δ_t and its B_t and C_t. The state h moves along the middle row: from h_(t−1) to h_t it is "
+                 f"multiplied by the decay exp(Δ_t A) (A = {A:g}), and Δ_t B_t x_t is added; y_t = C_t·h_t is "
+                 f"read out above. Tokens and decays: "
+                 + ", ".join(f"{t!r} Δ = {d:g}, decay {a:.2f}" for t, d, a in zip(tokens, deltas, decays))
+                 + ". A large Δ resets the state to the token (decay near 0); a Δ near 0 keeps the state and "
+                   "writes nothing (decay near 1).")
+    ys, yh, yp, yx = 70, 220, 340, 440
+    dr.text(20, ys, "read", 14, anchor="start", weight="600")
+    dr.text(20, yh, "state", 14, anchor="start", weight="600")
+    dr.text(20, yp, "selection", 14, anchor="start", weight="600")
+    dr.text(20, yx, "token", 14, anchor="start", weight="600")
+    dr.circle(x0 + 40 - step, yh, 20, "h_{0}", size=14, dashed=True)
+    for t, (tok, d, a) in enumerate(zip(tokens, deltas, decays)):
+        cx = x0 + 40 + t * step
+        hot = a < 0.5
+        color = ORANGE if hot else BLUE
+        dr.box(cx - 30, yx - 20, 60, 40, tok, color=color, size=16, fill_opacity=0.35 if hot else 0.12)
+        dr.arrow((cx, yx - 20), (cx, yp + 26))
+        dr.box(cx - 44, yp - 24, 88, 48, f"Δ = {d:g}", "B_{t}, C_{t}", color, size=14)
+        dr.arrow((cx, yp - 24), (cx, yh + 22), color=color, width=3 if hot else 1.2, dashed=not hot)
+        dr.text(cx + 6, yh + 54, "+Δ_{t}B_{t}x_{t}", 13, anchor="start", color=INK)
+        dr.circle(cx, yh, 20, f"h_{{{t + 1}}}", color=color, fill_opacity=0.3 if hot else 0.08, size=14)
+        prev = cx - step
+        dr.arrow((prev + 22, yh), (cx - 22, yh), width=1.2 if hot else 3, color=INK)
+        dr.text((prev + cx) / 2 + 2, yh - 16, f"× {a:.2f}", 13)
+        dr.arrow((cx, yh - 20), (cx, ys + 18))
+        dr.text(cx, ys, f"y_{{{t + 1}}}", 15)
+        dr.text(cx + 6, (ys + yh) / 2, "C_{t}·h_{t}", 13, anchor="start")
+    dr.text(W / 2, H - 44, "orange: Δ large, the decay exp(ΔA) near 0: the old state is replaced by this token",
+            14, color=INK)
+    dr.text(W / 2, H - 20, "blue: Δ near 0, the decay near 1 and nothing written: the state carries on past it",
+            14, color=INK)
+    return dr.diagram()
+
+
+ALL += [mamba_block, selective_scan_flow]
+
+
+# ----------------------------------------------------------------------------- chapter 12: algorithms
+
+def _times(dr: Drawing, x, y, r=14):
+    """A ⊙ node: elementwise product."""
+    dr.circle(x, y, r, width=2)
+    dr.text(x, y, "⊙", 18)
+
+
+def griffin_block(d_model: int = 2560, d_rnn: int | None = None, conv_width: int = 4) -> Diagram:
+    """Griffin's recurrent block (De et al. 2024, Figure 2), data flowing upward.
+
+    The input x feeds two branches: a gate branch, Linear W_1 then GeLU, and a recurrent branch,
+    Linear W_2, a causal depthwise Conv1D and the RG-LRU. The two are multiplied elementwise and
+    W_out maps the product back to d_model. The state a sequence keeps while decoding is read off
+    :class:`attnlab.rglru.GriffinRecurrentBlock` built on the meta device for these sizes.
+    """
+    from .rglru import GriffinRecurrentBlock
+
+    _check_sizes = [("d_model", d_model), ("conv_width", conv_width)] + ([("d_rnn", d_rnn)] if d_rnn is not None else [])
+    for name, v in _check_sizes:
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"griffin_block: {name} must be a positive int, got {v!r}")
+    with torch.device("meta"):
+        block = GriffinRecurrentBlock(d_model, d_rnn, conv_width)
+    dr_, state = block.d_rnn, block.state_size()
+    W, H = 760, 640
+    dr = Drawing(_name("griffin_block", d_model, dr_, conv_width), W, H,
+                 f"Griffin's recurrent block (d_model = {d_model}, d_rnn = {dr_})",
+                 f"Data flows upward. The input x (width {d_model}) feeds two branches. Left, the gate branch: "
+                 f"a linear map W_1 to width {dr_} and a GeLU. Right, the recurrent branch: a linear map W_2 to width "
+                 f"{dr_}, a causal depthwise Conv1D of width {conv_width}, and the RG-LRU, whose gates r_t and i_t are "
+                 "computed from its own input u_t and whose decay is a_t = σ(Λ)^(c r_t) with c = 8; it updates "
+                 "h_t = a_t h_(t−1) + √(1 − a_t²)(i_t u_t). The two branches are multiplied elementwise and W_out "
+                 f"maps the product back to width {d_model}. While decoding, a sequence keeps {dr_:,} numbers of "
+                 f"h and {dr_ * (conv_width - 1):,} of convolution inputs: {state:,} in all, whatever its length.")
+    cx, gx, rx = 380, 200, 545
+    dr.text(W / 2, 22, "Griffin's recurrent block", 17, weight="700")
+    dr.text(cx, 578, f"x  (b, L, {d_model})", 15, italic=True)
+    dr.line((cx, 562), (cx, 532))
+    dr.line((gx, 532), (rx, 532))
+    dr.arrow((gx, 532), (gx, 498))
+    dr.arrow((rx, 532), (rx, 498))
+    # gate branch
+    dr.box(gx - 70, 462, 140, 36, "Linear W_{1}", color=BLUE, size=15)
+    dr.arrow((gx, 462), (gx, 426))
+    dr.box(gx - 70, 392, 140, 34, "GeLU", color=GREEN, size=15)
+    dr.arrow((gx, 392), (gx, 180), (cx - 16, 180))
+    dr.text(gx - 12, 300, "gate branch", 14, anchor="end", italic=True)
+    # recurrent branch
+    dr.box(rx - 80, 462, 160, 36, "Linear W_{2}", color=BLUE, size=15)
+    dr.arrow((rx, 462), (rx, 432))
+    dr.box(rx - 110, 390, 220, 42, "Conv1D, causal", f"width {conv_width}, per channel", SKY, size=15)
+    dr.arrow((rx, 390), (rx, 356), label="u_{t}", label_at=(rx + 18, 372))
+    dr.rect(rx - 185, 232, 370, 124, ORANGE, 0.16, rx=8)
+    dr.text(rx, 250, "RG-LRU", 15, weight="700")
+    dr.text(rx, 276, "r_{t} = σ(W_{a}u_{t} + b_{a}),  i_{t} = σ(W_{x}u_{t} + b_{x})", 14)
+    dr.text(rx, 300, "a_{t} = σ(Λ)^(c·r_{t}),  c = 8", 14)
+    dr.text(rx, 324, "h_{t} = a_{t} h_{t−1} + √(1 − a_{t}²) (i_{t} u_{t})", 14)
+    dr.text(rx, 344, f"state: {dr_:,} numbers (one per channel)", 13)
+    dr.arrow((rx, 232), (rx, 180), (cx + 16, 180))
+    dr.text(rx + 100, 480, "recurrent\nbranch", 14, anchor="start", italic=True)
+    dr.text(rx + 12, 204, "h_{t}", 14, anchor="start")
+    _times(dr, cx, 180)
+    dr.arrow((cx, 166), (cx, 142))
+    dr.box(cx - 80, 106, 160, 36, "Linear W_{out}", color=BLUE, size=15)
+    dr.arrow((cx, 106), (cx, 70))
+    dr.text(cx, 56, f"y  (b, L, {d_model})", 15, italic=True)
+    dr.text(W / 2, H - 36, f"decoding state per sequence: {dr_:,} (h) + {dr_ * (conv_width - 1):,} (conv inputs) "
+                           f"= {state:,} numbers, at any length", 14)
+    dr.text(W / 2, H - 14, "the block sits in a pre-norm residual layer: x ← x + block(RMSNorm(x))", 13)
+    return dr.diagram()
+
+
+def hyena_operator(d_model: int = 4096, short_filter: int = 3, filter_state: int = 2) -> Diagram:
+    """The Hyena operator of order 2 (Poli et al. 2023) as StripedHyena uses it, data flowing upward.
+
+    in_proj maps u to three streams, a short causal convolution filters each, and
+    y = x² ⊙ (h * (x¹ ⊙ v) + D ⊙ x¹ ⊙ v): two gates around one long causal convolution, whose
+    filter is modal, h_t = Σ_k R_k λ_k^t. The decoding state is read off
+    :class:`attnlab.hyena.HyenaOperator` built on the meta device for these sizes.
+    """
+    from .hyena import HyenaOperator
+
+    for name, v in (("d_model", d_model), ("short_filter", short_filter), ("filter_state", filter_state)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"hyena_operator: {name} must be a positive int, got {v!r}")
+    with torch.device("meta"):
+        op = HyenaOperator(d_model, short_filter, filter_state)
+    state = op.state_size()
+    W, H = 760, 680
+    dr = Drawing(_name("hyena_operator", d_model, short_filter, filter_state), W, H,
+                 f"The Hyena operator of order 2 (d = {d_model}, {filter_state} modes per filter)",
+                 f"Data flows upward. The input u (width {d_model}) is projected to three streams of width "
+                 f"{d_model} and each is filtered by a short causal convolution of length {short_filter}: v, x1 "
+                 "and x2. z = x1 ⊙ v is passed through one long causal convolution h * z, whose filter is modal, "
+                 f"h_t = Σ_k R_k λ_k^t with {filter_state} modes per channel, so it can run as an FFT in "
+                 "O(N log N), as a direct sum in O(N²), or as a recurrence with one number per mode. D ⊙ z is added, "
+                 "the sum is gated by x2, and out_proj maps it back. While decoding, a sequence keeps "
+                 f"{state:,} numbers: {d_model * filter_state:,} modes and {3 * d_model * (short_filter - 1):,} "
+                 "short-convolution inputs.")
+    cx, vx, x1x, x2x, zx = 380, 230, 380, 600, 305
+    dr.text(W / 2, 22, "The Hyena operator (order 2)", 17, weight="700")
+    dr.text(cx, 652, f"u  (b, L, {d_model})", 15, italic=True)
+    dr.arrow((cx, 636), (cx, 612))
+    dr.box(cx - 150, 576, 300, 36, "in_proj W_{in}", f"{d_model} → 3 × {d_model}", BLUE, size=15)
+    dr.arrow((cx, 576), (cx, 552))
+    dr.box(cx - 150, 510, 300, 42, "short conv, causal", f"length {short_filter}, per channel", SKY, size=15)
+    dr.line((cx, 510), (cx, 492))
+    dr.line((vx, 492), (x2x, 492))
+    for x, lab in ((vx, "v"), (x1x, "x¹"), (x2x, "x²")):
+        dr.text(x + 14, 478, lab, 15, anchor="start", italic=True)
+    dr.line((vx, 492), (vx, 430))
+    dr.arrow((vx, 430), (zx - 16, 430))
+    dr.line((x1x, 492), (x1x, 430))
+    dr.arrow((x1x, 430), (zx + 16, 430))
+    _times(dr, zx, 430)
+    dr.arrow((zx, 416), (zx, 352), label="z", label_at=(zx + 14, 392))
+    dr.rect(zx - 150, 250, 300, 102, ORANGE, 0.16, rx=8)
+    dr.text(zx, 270, "long convolution h * z", 15, weight="700")
+    dr.text(zx, 296, "h_{t} = Σ_{k} R_{k} λ_{k}ᵗ", 14)
+    dr.text(zx, 318, f"{filter_state} modes per channel", 13)
+    dr.text(zx, 338, "FFT O(N log N) · direct O(N²) · recurrent", 13)
+    # D skip
+    dr.line((zx, 392), (110, 392), (110, 330))
+    dr.box(70, 290, 80, 40, "D ⊙", color=PURPLE, size=15)
+    dr.arrow((110, 290), (110, 200), (zx - 14, 200))
+    dr.arrow((zx, 250), (zx, 214))
+    _add(dr, zx, 200)
+    dr.arrow((zx, 186), (zx, 164))
+    dr.line((x2x, 492), (x2x, 150))
+    dr.arrow((x2x, 150), (zx + 16, 150))
+    dr.text(x2x + 12, 320, "the gate x²", 14, anchor="start", italic=True)
+    _times(dr, zx, 150)
+    dr.arrow((zx, 136), (zx, 114))
+    dr.box(zx - 80, 78, 160, 36, "out_proj", color=BLUE, size=15)
+    dr.arrow((zx, 78), (zx, 60))
+    dr.text(zx, 46, f"y  (b, L, {d_model})", 15, italic=True)
+    dr.text(W - 16, 96, f"decoding state: {state:,} numbers", 14, anchor="end")
+    dr.text(W - 16, 116, f"= {d_model:,} × {filter_state} modes", 13, anchor="end")
+    dr.text(W - 16, 134, f"+ 3 × {d_model:,} × {short_filter - 1} conv inputs", 13, anchor="end")
+    return dr.diagram()
+
+
+def moe_router(n_experts: int = 8, top_k: int = 2, logits=None) -> Diagram:
+    """A top-k mixture-of-experts layer for one token, data flowing upward.
+
+    The router computes p = softmax(x W_g) over the E experts (the bars, probabilities printed),
+    keeps the k largest, runs only those experts and adds their outputs weighted by p_i. The
+    Switch balancing loss is stated beside it. ``logits`` (E numbers) default to a fixed
+    deterministic pattern; the probabilities are computed with torch.
+    """
+    if not isinstance(n_experts, int) or not 2 <= n_experts <= 16:
+        raise ValueError(f"moe_router: n_experts must be an int in [2, 16], got {n_experts!r}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= n_experts:
+        raise ValueError(f"moe_router: top_k must be an int in [1, n_experts={n_experts}], got {top_k!r}")
+    if logits is None:
+        logits = [round(1.4 * math.sin(2.3 * i + 1.0), 3) for i in range(n_experts)]
+    logits = [float(v) for v in logits]
+    if len(logits) != n_experts:
+        raise ValueError(f"moe_router: logits must hold n_experts={n_experts} numbers, got {len(logits)}")
+    p = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
+    chosen = sorted(p.topk(top_k).indices.tolist())
+    probs = [round(v, 2) for v in p.tolist()]
+    E, W, H = n_experts, 760, 636
+    dr = Drawing(_name("moe_router", E, top_k, tuple(logits)), W, H,
+                 f"A top-{top_k} mixture-of-experts layer with {E} experts, for one token",
+                 f"Data flows upward. A token x enters the router, p = softmax(x W_g) over {E} experts. The bars show "
+                 "p: " + ", ".join(f"expert {i + 1} {v:.2f}" for i, v in enumerate(probs)) + f". The {top_k} largest "
+                 f"(experts {', '.join(str(i + 1) for i in chosen)}) are kept; only those experts run on x, and their "
+                 "outputs are added weighted by their probabilities, not renormalised: y = Σ over the top-k of "
+                 f"p_i FFN_i(x). The other {E - top_k} experts do not run for this token. Per token the layer costs "
+                 f"{top_k} FFNs and holds {E}. Over a batch, the Switch balancing loss α E Σ_i f_i P_i uses f_i, the "
+                 "share of routing slots sent to expert i, and P_i, its mean router probability.")
+    x0, x1 = 70, W - 30
+    cw = (x1 - x0) / E
+    dr.text(W / 2, 22, f"Top-{top_k} routing over {E} experts (one token)", 17, weight="700")
+    dr.text(W / 2, 578, "x  (one token, width d)", 15, italic=True)
+    dr.arrow((W / 2, 562), (W / 2, 538))
+    dr.box(W / 2 - 150, 500, 300, 38, "router: p = softmax(x W_{g})", f"W_{{g}}: d × {E}", PURPLE, size=15)
+    base, top = 462, 360
+    dr.line((x0, base), (x1, base), width=1)
+    dr.arrow((W / 2, 500), (W / 2, base + 2))
+    dr.text(x0 - 8, (base + top) / 2, "p", 15, anchor="end", italic=True)
+    pmax = max(probs) or 1.0
+    for i, v in enumerate(probs):
+        bx = x0 + i * cw
+        hot = i in chosen
+        h = (base - top) * v / pmax
+        dr.rect(bx + cw * 0.2, base - h, cw * 0.6, h, ORANGE if hot else BLUE, 0.6 if hot else 0.18, rx=2)
+        dr.text(bx + cw / 2, base - h - 12, f"{v:.2f}", 13, weight="700" if hot else None)
+        dr.text(bx + cw / 2, base + 14, str(i + 1), 13)
+    # experts
+    ey, eh = 232, 44
+    for i in range(E):
+        bx = x0 + i * cw
+        hot = i in chosen
+        if hot:
+            dr.rect(bx + 3, ey, cw - 6, eh, ORANGE, 0.35, rx=5)
+            y_bar = base - (base - top) * probs[i] / pmax - 24
+            dr.arrow((bx + cw / 2, y_bar), (bx + cw / 2, ey + eh), color=ORANGE, width=2.5)
+            dr.text(bx + cw / 2 + 6, (y_bar + ey + eh) / 2, f"× p{_sub(i + 1)}", 14, anchor="start")
+        else:
+            with dr.group(opacity=0.45):
+                dr.rect(bx + 3, ey, cw - 6, eh, INK, 0.0, rx=5, dashed=True, width=1)
+        dr.text(bx + cw / 2, ey + eh / 2, f"FFN{_sub(i + 1)}", 14 if cw >= 60 else 13)
+    sx, sy = W / 2, 150
+    for i in chosen:
+        dr.arrow((x0 + i * cw + cw / 2, ey), (sx + (12 if x0 + i * cw + cw / 2 > sx else -12), sy + 8),
+                 color=ORANGE, width=2)
+    _add(dr, sx, sy)
+    dr.arrow((sx, sy - 14), (sx, 104))
+    dr.text(sx, 88, "y = Σ_{i ∈ top-k} p_{i} FFN_{i}(x)", 15)
+    dr.text(W / 2, 616, f"this token runs {top_k} of {E} experts: the compute of {top_k} FFNs, the parameters of {E}",
+            14)
+    dr.text(W / 2, 50, "over a batch: L_{aux} = α E Σ_{i} f_{i} P_{i}   (f_{i}: share of slots, P_{i}: mean p_{i})",
+            14)
+    return dr.diagram()
+
+
+ALL += [griffin_block, hyena_operator, moe_router]

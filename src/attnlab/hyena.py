@@ -22,7 +22,11 @@ channel.
 """
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import _checks
@@ -32,16 +36,21 @@ CONV_METHODS = ("fft", "direct", "recurrent")
 
 
 def causal_conv_direct(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    r"""Causal convolution by its definition, as a product with a Toeplitz matrix: O(L²).
+    r"""Causal convolution by its definition, the direct sum: O(L²) per channel.
 
     .. math:: y_t = \sum_{s=0}^{t} h_{t-s}\, u_s, \qquad
               y = T u,\quad T_{ts} = h_{t-s}\ (s \le t),\ 0 \text{ otherwise}
+
+    Computed by a direct (not FFT) depthwise convolution kernel over the input padded with
+    L − 1 zeros on the left, which is the product with the Toeplitz matrix :func:`toeplitz`
+    without building it: L multiply-adds per output position, as FLOP counters count them.
 
     Args: u (b, d, L); h (d, L). Returns y (b, d, L).
     """
     if u.dim() != 3 or h.shape != u.shape[1:]:
         raise ValueError(f"u must be (b, d, L) and h (d, L); got u {tuple(u.shape)}, h {tuple(h.shape)}")
-    return torch.einsum("dts,bds->bdt", toeplitz(h), u)
+    length = u.shape[-1]
+    return F.conv1d(F.pad(u, (length - 1, 0)), h.flip(-1).unsqueeze(1), groups=u.shape[1])
 
 
 def toeplitz(h: torch.Tensor) -> torch.Tensor:
@@ -64,7 +73,8 @@ class ModalFilter(nn.Module):
 
     def __init__(self, d: int, state: int = 2, max_memory: float = 256.0):
         super().__init__()
-        memory = torch.exp(torch.empty(d, state).uniform_(0.0, float(torch.log(torch.tensor(max_memory)))))
+        log_max = float(np.float32(math.log(max_memory)))                       # as float32 log, also on meta
+        memory = torch.exp(torch.empty(d, state).uniform_(0.0, log_max))
         self.log_rate = nn.Parameter(torch.log(1.0 / memory))                # λ = exp(−1/memory)
         self.residue = nn.Parameter(torch.randn(d, state) / state ** 0.5)
 
@@ -128,6 +138,32 @@ class HyenaOperator(nn.Module):
     def state_size(self) -> int:
         """Numbers kept per sequence when decoding recurrently: d s (modes) + 3 d (short_filter − 1)."""
         return self.d_model * self.filter.residue.shape[1] + 3 * self.d_model * (self.short_filter - 1)
+
+    def init_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Empty decoding state: the last short_filter − 1 projected inputs (b, 3 d_model, short_filter − 1)
+        and the modes of the long filter (b, d_model, s), zeros, in the weights' dtype."""
+        w = self.in_proj.weight
+        return (w.new_zeros(batch, 3 * self.d_model, self.short_filter - 1),
+                w.new_zeros(batch, self.d_model, self.filter.residue.shape[1]))
+
+    def step(self, u_t: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
+        r"""One token: u_t (b, d_model) and the state → (out_t (b, d_model), new state), constant cost per token.
+
+        The long filter :math:`h_t = \sum_k R_k \lambda_k^t` is run as its SSM, one state per mode:
+
+        .. math:: m_t = \lambda \odot m_{t-1} + z_t, \qquad (h * z)_t = \textstyle\sum_k R_k\, m_{t,k},
+                  \qquad y_t = x^2_t \odot \big((h * z)_t + D z_t\big), \quad z_t = x^1_t \odot v_t
+        """
+        if u_t.dim() != 2 or u_t.shape[-1] != self.d_model:
+            raise ValueError(f"HyenaOperator.step: u_t must be (b, d_model={self.d_model}), got {tuple(u_t.shape)}")
+        conv_state, modes = state
+        window = torch.cat([conv_state, self.in_proj(u_t).unsqueeze(-1)], dim=-1)       # (b, 3d, short_filter)
+        proj = (window * self.short_conv.weight.squeeze(1)).sum(-1) + self.short_conv.bias
+        v, x1, x2 = proj.chunk(3, dim=-1)
+        z = x1 * v
+        modes = self.filter.decays() * modes + z.unsqueeze(-1)
+        y = x2 * ((modes * self.filter.residue).sum(-1) + self.D * z)
+        return self.out_proj(y), (window[..., 1:], modes)
 
 
 def conv_flops(length: int, d: int, method: str) -> float:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _checks
 from .blocks import FeedForward
 
 
@@ -31,9 +32,10 @@ def switch_load_balancing_loss(probs: torch.Tensor, expert_index: torch.Tensor, 
               P_i = \frac1T \sum_t p_i(x_t)
 
     f_i is the fraction of routing slots sent to expert i (not differentiable), P_i the mean
-    router probability of expert i (differentiable). It equals 1 when both are uniform and E
-    when every token goes to one expert that also takes all the probability, so minimising it
-    pushes towards balance. The model's loss adds α times it; Switch used α = 10⁻², Jamba's
+    router probability of expert i (differentiable). It equals 1 when both are uniform. With
+    top-k routing every f_i is at most 1/k, so its largest value is E/k, reached when every
+    token is sent to the same k experts and one of them takes all the probability (E for
+    top-1). Minimising it pushes towards balance. The model's loss adds α times it; Switch used α = 10⁻², Jamba's
     released configuration 10⁻³.
 
     Args: probs (T, E) router softmax; expert_index (T, k) chosen experts. Returns a scalar.
@@ -96,6 +98,10 @@ class MoEFeedForward(nn.Module):
         self.load = torch.full((n_experts,), 1.0 / n_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d_model = self.router.gate.in_features
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != d_model:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"MoEFeedForward: x must be (..., d_model={d_model}), got {got}")
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])
         probs, weights, expert_index = self.router(tokens)
@@ -116,29 +122,41 @@ def load_entropy(load: torch.Tensor) -> float:
 
 
 def toy_routing_run(aux_weight: float, *, n_experts: int = 8, top_k: int = 1, steps: int = 300, batch: int = 256,
-                    lr: float = 1e-2, seed: int = 0, record_every: int = 10) -> dict:
-    r"""Train a tiny MoE regressor on 2-d inputs and record how the router spreads the tokens.
+                    lr: float = 1e-2, seed: int = 0, record_every: int = 10, in_dim: int = 16) -> dict:
+    r"""Train a tiny MoE regressor and record how its router spreads the tokens, from initialisation on.
 
-    Model: Linear(2, 16) → :class:`MoEFeedForward` (E experts, d_ff = 32, top-k) → Linear(16, 1);
-    target :math:`y = \sin 3x_1 \cos 2x_2 + x_1 x_2 / 2` with :math:`x \sim \mathcal N(0, 1.5^2 I)`;
-    Adam, loss = MSE + ``aux_weight`` · :func:`switch_load_balancing_loss`. Seeded: the same
-    arguments give the same numbers.
+    Model: Linear(in_dim, 16) → :class:`MoEFeedForward` (E experts, d_ff = 32, top-k) → Linear(16, 1);
+    inputs :math:`x \sim \mathcal N(0, 1.5^2 I_{in\_dim})`, target
+    :math:`y = \sin 3x_1 \cos 2x_2 + x_1 x_2 / 2` (the other coordinates are distractors);
+    Adam, loss = MSE + ``aux_weight`` · :func:`switch_load_balancing_loss`. With in_dim = 16 the
+    router sees a full-rank input and starts close to balanced; with in_dim = 2 its logits are
+    affine in a 2-d input and several experts own empty regions of the plane before any step.
+    4,096 held-out inputs, drawn from their own generator and never trained on, measure the load
+    before training and after it. Seeded: the same arguments give the same numbers.
 
-    Returns {"steps", "entropy" (load entropy in bits every ``record_every`` steps),
-    "load" (E,) on 4096 held-out points, "mse" on them}.
+    Returns {"steps", "entropy" (load entropy in bits on the training batch every ``record_every``
+    steps), "load_init" and "load" (E,) on the held-out inputs before and after training, "mse"
+    on them after training}.
     """
+    _checks.ints("toy_routing_run", n_experts=n_experts, top_k=top_k, steps=steps, batch=batch,
+                 record_every=record_every, in_dim=in_dim)
+    _checks.ints("toy_routing_run", seed=seed, minimum=0)
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
-    model = nn.Sequential(nn.Linear(2, 16), MoEFeedForward(16, 32, n_experts, top_k), nn.Linear(16, 1))
+    held_out = 1.5 * torch.randn(4096, in_dim, generator=torch.Generator().manual_seed(10_000 + seed))
+    model = nn.Sequential(nn.Linear(in_dim, 16), MoEFeedForward(16, 32, n_experts, top_k), nn.Linear(16, 1))
     moe = model[1]
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
 
     def target(x):
         return torch.sin(3 * x[:, 0]) * torch.cos(2 * x[:, 1]) + 0.5 * x[:, 0] * x[:, 1]
 
+    with torch.no_grad():
+        model(held_out.unsqueeze(0))
+    load_init = moe.load.clone()
     recorded_steps, entropy = [], []
     for step in range(1, steps + 1):
-        x = 1.5 * torch.randn(batch, 2, generator=g)
+        x = 1.5 * torch.randn(batch, in_dim, generator=g)
         loss = F.mse_loss(model(x.unsqueeze(0)).reshape(-1), target(x)) + aux_weight * moe.aux_loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -146,10 +164,9 @@ def toy_routing_run(aux_weight: float, *, n_experts: int = 8, top_k: int = 1, st
         if step % record_every == 0 or step == 1:
             recorded_steps.append(step)
             entropy.append(load_entropy(moe.load))
-    x = 1.5 * torch.randn(4096, 2, generator=g)
     with torch.no_grad():
-        mse = F.mse_loss(model(x.unsqueeze(0)).reshape(-1), target(x)).item()
-    return {"steps": recorded_steps, "entropy": entropy, "load": moe.load.clone(), "mse": mse}
+        mse = F.mse_loss(model(held_out.unsqueeze(0)).reshape(-1), target(held_out)).item()
+    return {"steps": recorded_steps, "entropy": entropy, "load_init": load_init, "load": moe.load.clone(), "mse": mse}
 
 
 def moe_model_parameters(*, n_layers: int, n_dense_layers: int, d_model: int, d_ff_dense: int, d_ff_expert: int,

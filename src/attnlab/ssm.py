@@ -42,70 +42,119 @@ SCAN_METHODS = ("sequential", "chunked", "indexed", "logspace")
 # Chapter 10: a linear time-invariant SSM, discretised; recurrence = convolution
 # ---------------------------------------------------------------------------------------------
 
-def discretize(A: torch.Tensor, B: torch.Tensor, delta, method: str = "zoh") -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Turn a continuous diagonal SSM (A, B) into a discrete one (Ā, B̄) for step size Δ.
+def discretize(A: torch.Tensor, B: torch.Tensor, delta,
+               method: str = "zoh") -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Turn a continuous diagonal SSM (A, B) into a discrete one (Ā, B̄) for a step Δ.
 
     .. math::
-        \text{zoh:}\quad \bar A = e^{\Delta A},\quad \bar B = (\Delta A)^{-1}(e^{\Delta A} - 1)\,\Delta B
+        \text{zoh:}\quad \bar A = e^{\Delta A},\quad
+        \bar B = (\Delta A)^{-1}(e^{\Delta A} - 1)\,\Delta B
         \qquad
         \text{euler:}\quad \bar A = 1 + \Delta A,\quad \bar B = \Delta B
         \qquad
-        \text{bilinear:}\quad \bar A = \frac{1 + \Delta A/2}{1 - \Delta A/2},\quad \bar B = \frac{\Delta B}{1 - \Delta A/2}
+        \text{bilinear:}\quad \bar A = \frac{1 + \Delta A/2}{1 - \Delta A/2},\quad
+        \bar B = \frac{\Delta B}{1 - \Delta A/2}
 
-    Zero-order hold (ZOH) is exact when the input is constant over each step; Euler is
-    first order and unstable once :math:`\Delta |A| > 2`; bilinear (S4's choice) is second
-    order and stable for every Δ > 0 when A < 0. Mamba uses ZOH for Ā and Euler's ΔB for B̄.
+    Zero-order hold (ZOH) is exact when the input is constant over each step; Euler
+    is first order and unstable once :math:`\Delta |A| > 2`; bilinear (S4's choice) is
+    second order and stable for every Δ > 0 when A < 0. Mamba uses ZOH for Ā and
+    Euler's ΔB for B̄.
 
-    Args: A (..., n) the diagonal of A (negative for a stable system); B broadcastable to A;
-    delta a positive number or a tensor broadcastable to A. Returns Ā, B̄ of the broadcast shape.
+    Args: A (..., n) the diagonal of A, real or complex (real part negative for a
+    stable system, as in S4D's complex modes); B broadcastable to A; delta a positive
+    number or a real tensor broadcastable to A. Returns Ā, B̄ of the broadcast shape.
     """
     if method not in DISCRETISATIONS:
         raise ValueError(f"method must be one of {DISCRETISATIONS}, got {method!r}")
     if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
-        raise TypeError(f"A and B must be tensors, got {type(A).__name__} and {type(B).__name__}")
-    delta = torch.as_tensor(delta, dtype=A.dtype, device=A.device)
+        raise TypeError(f"A and B must be tensors, got {type(A).__name__} "
+                        f"and {type(B).__name__}")
+    # Δ is real, also for a complex A
+    delta = torch.as_tensor(delta, dtype=A.real.dtype, device=A.device)
     if (delta <= 0).any():
         raise ValueError("delta must be positive")
+    for name, t in (("B", B), ("delta", delta)):
+        try:
+            torch.broadcast_shapes(A.shape, t.shape)
+        except RuntimeError:
+            raise ValueError(f"discretize: {name} must broadcast to A's shape "
+                             f"{tuple(A.shape)}, got {tuple(t.shape)}") from None
     dA = delta * A
     if method == "zoh":
         # (e^x - 1)/x, with its limit 1 at x = 0; expm1 keeps it accurate for small |x|
-        phi = torch.where(dA == 0, torch.ones_like(dA), torch.expm1(dA) / torch.where(dA == 0, torch.ones_like(dA), dA))
+        zero, one = dA == 0, torch.ones_like(dA)
+        phi = torch.where(zero, one, torch.expm1(dA) / torch.where(zero, one, dA))
         return dA.exp(), phi * delta * B
     if method == "euler":
         return 1 + dA, delta * B
     return (1 + dA / 2) / (1 - dA / 2), delta * B / (1 - dA / 2)
 
 
-def ssm_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor, length: int) -> torch.Tensor:
+def ssm_kernel(A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor,
+               length: int) -> torch.Tensor:
     r"""The convolution kernel of a discrete diagonal LTI SSM (its impulse response).
 
-    .. math:: K_k = \sum_{i=1}^{n} C_i \,\bar A_i^{\,k}\, \bar B_i, \qquad k = 0, \dots, L-1
+    .. math::
+        K_k = \sum_{i=1}^{n} C_i \,\bar A_i^{\,k}\, \bar B_i, \qquad k = 0, \dots, L-1
 
-    Args: A_bar, B_bar, C (..., n). Returns K (..., L).
+    Args: A_bar, B_bar, C (..., n), real or complex. Returns K (..., L) (complex for
+    complex modes: a layer whose modes come in conjugate pairs uses
+    :math:`2\,\mathrm{Re}\,K`).
     """
     _checks.ints("ssm_kernel", length=length, minimum=0)
-    powers = A_bar.unsqueeze(-1) ** torch.arange(length, dtype=A_bar.dtype, device=A_bar.device)  # (..., n, L)
+    _tensors("ssm_kernel", A_bar=A_bar, B_bar=B_bar, C=C)
+    for name, t in (("B_bar", B_bar), ("C", C)):
+        if t.shape != A_bar.shape or A_bar.dim() == 0:
+            raise ValueError(f"ssm_kernel: {name} must have A_bar's shape (..., n) = "
+                             f"{tuple(A_bar.shape)}, got {tuple(t.shape)}")
+    # real exponents, also for a complex Ā
+    k = torch.arange(length, dtype=A_bar.real.dtype, device=A_bar.device)
+    powers = A_bar.unsqueeze(-1) ** k                                   # (..., n, L)
     return ((C * B_bar).unsqueeze(-1) * powers).sum(-2)
 
 
-def _check_lti(u, A_bar, B_bar, C):
-    if not isinstance(u, torch.Tensor) or u.dim() != 3:
-        raise ValueError(f"u must be a (b, d, L) tensor, got {getattr(u, 'shape', type(u).__name__)}")
+def _tensors(fn: str, **tensors) -> None:
+    """Each argument is a real floating-point or a complex tensor (None: left out)."""
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if not (t.is_floating_point() or t.is_complex()):
+            raise TypeError(f"{fn}: {name} must be a floating-point or complex tensor, "
+                            f"got {t.dtype}")
+
+
+def _check_u_D(fn: str, u, D) -> None:
+    _tensors(fn, u=u, D=D)
+    if u.dim() != 3:
+        raise ValueError(f"{fn}: u must be a (b, d, L) tensor, got shape {tuple(u.shape)}")
+    if D is not None and D.shape != u.shape[1:2]:
+        raise ValueError(f"{fn}: D must be (d,) = ({u.shape[1]},), got {tuple(D.shape)}")
+
+
+def _check_lti(u, A_bar, B_bar, C, D=None):
+    _check_u_D("lti_recurrence", u, D)
+    _tensors("lti_recurrence", A_bar=A_bar, B_bar=B_bar, C=C)
     d = u.shape[1]
     for name, t in (("A_bar", A_bar), ("B_bar", B_bar), ("C", C)):
-        if t.dim() != 2 or t.shape[0] != d:
-            raise ValueError(f"{name} must be (d, n) = ({d}, n), got {tuple(t.shape)}")
+        if t.dim() != 2 or t.shape[0] != d or t.shape != A_bar.shape:
+            raise ValueError(f"lti_recurrence: {name} must be (d, n) = ({d}, n), the same "
+                             f"n for all three, got {tuple(t.shape)}")
 
 
-def lti_recurrence(u: torch.Tensor, A_bar: torch.Tensor, B_bar: torch.Tensor, C: torch.Tensor,
-                   D: torch.Tensor | None = None) -> torch.Tensor:
+def lti_recurrence(u: torch.Tensor, A_bar: torch.Tensor, B_bar: torch.Tensor,
+                   C: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
     r"""Run a discrete diagonal LTI SSM as a recurrence, one step per token.
 
-    .. math:: h_t = \bar A \odot h_{t-1} + \bar B\, u_t, \qquad y_t = C \cdot h_t + D u_t, \qquad h_{-1} = 0
+    .. math::
+        h_t = \bar A \odot h_{t-1} + \bar B\, u_t, \qquad y_t = C \cdot h_t + D u_t,
+        \qquad h_{-1} = 0
 
-    Args: u (b, d, L); A_bar, B_bar, C (d, n), one SSM per channel; D (d,) or None. Returns y (b, d, L).
+    Args: u (b, d, L); A_bar, B_bar, C (d, n), one SSM per channel; D (d,) or None.
+    Returns y (b, d, L).
     """
-    _check_lti(u, A_bar, B_bar, C)
+    _check_lti(u, A_bar, B_bar, C, D)
     h = u.new_zeros(u.shape[0], *A_bar.shape)
     ys = []
     for u_t in u.unbind(-1):
@@ -115,40 +164,58 @@ def lti_recurrence(u: torch.Tensor, A_bar: torch.Tensor, B_bar: torch.Tensor, C:
     return y if D is None else y + D.unsqueeze(-1) * u
 
 
-def lti_convolution(u: torch.Tensor, K: torch.Tensor, D: torch.Tensor | None = None) -> torch.Tensor:
+def lti_convolution(u: torch.Tensor, K: torch.Tensor,
+                    D: torch.Tensor | None = None) -> torch.Tensor:
     r"""The same system as a causal convolution, computed with the FFT in O(L log L).
 
     .. math:: y_t = \sum_{k=0}^{t} K_k\, u_{t-k} + D u_t
 
-    Both signals are zero-padded to 2L so the FFT's circular convolution does not wrap around.
+    Both signals are zero-padded to 2L so the FFT's circular convolution does not wrap
+    around (any length ≥ 2L − 1 would do). A complex K (complex modes) gives a complex y,
+    as :func:`lti_recurrence` does.
 
-    Args: u (b, d, L); K (d, L) from :func:`ssm_kernel`; D (d,) or None. Returns y (b, d, L).
+    Args: u (b, d, L); K (d, L) from :func:`ssm_kernel`; D (d,) or None.
+    Returns y (b, d, L).
     """
-    if u.dim() != 3 or K.shape != u.shape[1:]:
-        raise ValueError(f"u must be (b, d, L) and K (d, L); got u {tuple(u.shape)}, K {tuple(K.shape)}")
+    _check_u_D("lti_convolution", u, D)
+    _tensors("lti_convolution", K=K)
+    if K.shape != u.shape[1:]:
+        raise ValueError(f"lti_convolution: K must be (d, L) = {tuple(u.shape[1:])}, "
+                         f"got {tuple(K.shape)}")
     length = u.shape[-1]
-    y = torch.fft.irfft(torch.fft.rfft(u, n=2 * length) * torch.fft.rfft(K, n=2 * length), n=2 * length)[..., :length]
+    if length == 0:                                   # an empty sequence: an empty output
+        return u * K.sum() if D is None else u * K.sum() + D.unsqueeze(-1) * u
+    if u.is_complex() or K.is_complex():
+        u_f, K_f = torch.fft.fft(u, n=2 * length), torch.fft.fft(K, n=2 * length)
+        y = torch.fft.ifft(u_f * K_f, n=2 * length)[..., :length]
+    else:
+        u_f = torch.fft.rfft(u, n=2 * length)
+        K_f = torch.fft.rfft(K, n=2 * length)
+        y = torch.fft.irfft(u_f * K_f, n=2 * length)[..., :length]
     return y if D is None else y + D.unsqueeze(-1) * u
 
 
 def s4d_real_init(d: int, n: int, *, dtype=torch.float32) -> torch.Tensor:
-    r"""S4D-real initialisation of the diagonal of A: :math:`A_{i} = -(i + 1)` for i = 0 … n-1, in every channel.
+    r"""S4D-real initialisation of the diagonal of A: :math:`A_{i} = -(i + 1)`,
+    i = 0 … n-1, in every channel.
 
-    Mamba stores :math:`A_\text{log} = \log(-A)` and uses :math:`A = -\exp(A_\text{log})`, which stays
-    negative (stable) whatever the optimiser does. Returns A (d, n).
+    Mamba stores :math:`A_\text{log} = \log(-A)` and uses
+    :math:`A = -\exp(A_\text{log})`, which stays negative (stable) whatever the
+    optimiser does. Returns A (d, n).
     """
     _checks.ints("s4d_real_init", d=d, n=n)
     return -torch.arange(1, n + 1, dtype=dtype).repeat(d, 1)
 
 
 def state_size(d: int, n: int, d_conv: int = 1) -> int:
-    r"""Numbers a Mamba-style layer keeps between tokens at inference: :math:`d\,(n + d_\text{conv} - 1)`.
+    r"""Numbers a Mamba-style layer keeps between tokens at inference:
+    :math:`d\,(n + d_\text{conv} - 1)`.
 
-    Each of the d channels holds an n-dimensional SSM state and the last d_conv − 1 inputs of
-    its causal convolution (d_conv = 1: no convolution). It does not depend on the context length.
+    Each of the d channels holds an n-dimensional SSM state and the last d_conv − 1
+    inputs of its causal convolution (d_conv = 1: no convolution). It does not depend
+    on the context length.
     """
-    if min(d, n, d_conv) < 1:
-        raise ValueError(f"d, n and d_conv must be positive, got {d}, {n}, {d_conv}")
+    _checks.ints("state_size", d=d, n=n, d_conv=d_conv)
     return d * (n + d_conv - 1)
 
 
@@ -235,18 +302,21 @@ class _ChunkedSelectiveScan(torch.autograd.Function):
               \frac{\partial\ell}{\partial \log a_t} = g_t \odot a_t h_{t-1}
 
     where :math:`\dot y_t = \partial\ell/\partial y_t`, :math:`a_t = e^{\Delta_t A}`, :math:`x_t = \Delta_t u_t B_t`.
+    B and C arrive grouped, (b, g, n, L) with g dividing d (each its own g): channel c reads group c // (d/g).
     The big (L, b, d, n) tensors are built time-first so each scan step reads contiguous memory.
     """
 
     @staticmethod
     def forward(ctx, u, delta, A, B, C, chunk):
-        length = u.shape[-1]
+        (b, d, length), gB, gC = u.shape, B.shape[1], C.shape[1]
         pad = -length % chunk
+        steps = length + pad
         delta_t, du_t = (F.pad(t, (0, pad)).permute(2, 0, 1).contiguous() for t in (delta, delta * u))   # (L', b, d)
-        B_t, C_t = (F.pad(t, (0, pad)).permute(2, 0, 1).contiguous().unsqueeze(2) for t in (B, C))         # (L', b, 1, n)
+        B_t, C_t = (F.pad(t, (0, pad)).permute(3, 0, 1, 2).unsqueeze(3) for t in (B, C))                  # (L', b, g, 1, n)
         a = (delta_t.unsqueeze(-1) * A).exp_()                                                  # (L', b, d, n)
-        h = _blocked_scan(a, du_t.unsqueeze(-1) * B_t, chunk)
-        y = (h * C_t).sum(-1)[:length].permute(1, 2, 0)                                         # (b, d, L)
+        x = (du_t.view(steps, b, gB, d // gB, 1) * B_t).view(steps, b, d, -1)
+        h = _blocked_scan(a, x, chunk)
+        y = (h.view(steps, b, gC, d // gC, -1) * C_t).sum(-1).view(steps, b, d)[:length].permute(1, 2, 0)
         ctx.save_for_backward(u, delta, A, B, C, a, h)
         ctx.chunk, ctx.length = chunk, length
         return y, h[length - 1]
@@ -255,27 +325,41 @@ class _ChunkedSelectiveScan(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_y, grad_last):
         u, delta, A, B, C, a, h = ctx.saved_tensors
-        length, pad = ctx.length, a.shape[0] - ctx.length
-        gy_t = F.pad(grad_y, (0, pad)).permute(2, 0, 1).contiguous().unsqueeze(-1)                           # (L', b, d, 1)
-        B_t, C_t = (F.pad(t, (0, pad)).permute(2, 0, 1).contiguous().unsqueeze(2) for t in (B, C))
+        (b, d, length), gB, gC, n = u.shape, B.shape[1], C.shape[1], A.shape[1]
+        steps, pad = a.shape[0], a.shape[0] - length
+        grouped = lambda t, g: t.view(steps, b, g, d // g, t.shape[-1])                         # (L', b, g, d/g, ·)
+        gy_t = F.pad(grad_y, (0, pad)).permute(2, 0, 1).contiguous().unsqueeze(-1)              # (L', b, d, 1)
+        B_t, C_t = (F.pad(t, (0, pad)).permute(3, 0, 1, 2).unsqueeze(3) for t in (B, C))        # (L', b, g, 1, n)
         delta_t, du_t = (F.pad(t, (0, pad)).permute(2, 0, 1).contiguous() for t in (delta, delta * u))
-        grad_h = gy_t * C_t
+        grad_h = (grouped(gy_t, gC) * C_t).view(steps, b, d, n)
         grad_h[length - 1] += grad_last
         a_next = torch.cat([a[1:], torch.ones_like(a[:1])])
-        g = _blocked_scan(a_next, grad_h, ctx.chunk, reverse=True)                              # ∂ℓ/∂x_t
-        grad_C = gy_t.transpose(-1, -2) @ h                                                     # (L', b, 1, n)
-        grad_B = du_t.unsqueeze(-2) @ g
-        grad_du = (g @ B_t.transpose(-1, -2)).squeeze(-1)                                        # (L', b, d)
+        g_x = _blocked_scan(a_next, grad_h, ctx.chunk, reverse=True)                            # ∂ℓ/∂x_t
+        grad_C = grouped(gy_t, gC).transpose(-1, -2) @ grouped(h, gC)                           # (L', b, g, 1, n)
+        grad_B = grouped(du_t.unsqueeze(-1), gB).transpose(-1, -2) @ grouped(g_x, gB)
+        grad_du = (grouped(g_x, gB) @ B_t.transpose(-1, -2)).view(steps, b, d)                   # (L', b, d)
         h_prev = torch.cat([torch.zeros_like(h[:1]), h[:-1]])
-        grad_log_a = g.mul_(a).mul_(h_prev)                                                      # g no longer needed
+        grad_log_a = g_x.mul_(a).mul_(h_prev)                                                    # g_x no longer needed
         grad_delta = (grad_log_a * A).sum(-1)
         grad_A = (grad_log_a * delta_t.unsqueeze(-1)).sum((0, 1))                                # pairwise sum: accurate
-        back = lambda t: t[:length].permute(1, 2, 0)                                              # (L', b, ·) -> (b, ·, L)
+        back = lambda t: t[:length].permute(1, 2, 0)                                              # (L', b, d) -> (b, d, L)
+        back_bc = lambda t: t.squeeze(3)[:length].permute(1, 2, 3, 0)                             # -> (b, g, n, L)
         grad_du = back(grad_du)
-        return (grad_du * delta, back(grad_delta) + grad_du * u, grad_A, back(grad_B.squeeze(2)), back(grad_C.squeeze(2)), None)
+        return (grad_du * delta, back(grad_delta) + grad_du * u, grad_A, back_bc(grad_B), back_bc(grad_C), None)
 
 
 _SCANS = {"sequential": _scan_sequential, "indexed": _scan_indexed, "logspace": _scan_logspace}
+
+
+def _check_bc(name: str, t: torch.Tensor, b: int, d: int, n: int, length: int) -> None:
+    """B or C: time-invariant (d, n), shared (b, n, L), or grouped (b, g, n, L) with g dividing d."""
+    shape = tuple(t.shape)
+    if shape in ((d, n), (b, n, length)):
+        return
+    if t.dim() == 4 and shape[0] == b and shape[2:] == (n, length) and shape[1] >= 1 and d % shape[1] == 0:
+        return
+    raise ValueError(f"{name} must have shape (b, n, L) = {(b, n, length)}, (d, n) = {(d, n)} or "
+                     f"(b, g, n, L) = ({b}, g, {n}, {length}) with g dividing d = {d}; got {shape}")
 
 
 def _check_scan(u, delta, A, B, C, D, z, delta_bias, method):
@@ -289,15 +373,44 @@ def _check_scan(u, delta, A, B, C, D, z, delta_bias, method):
     if A.dim() != 2 or A.shape[0] != d:
         raise ValueError(f"A must be (d, n) = ({d}, n), got shape {tuple(A.shape)}")
     n = A.shape[1]
-    needed = {"delta": (b, d, length), "B": (b, n, length), "C": (b, n, length), "z": (b, d, length),
-              "D": (d,), "delta_bias": (d,)}
-    for name, t in (("delta", delta), ("B", B), ("C", C), ("z", z), ("D", D), ("delta_bias", delta_bias)):
+    needed = {"delta": (b, d, length), "z": (b, d, length), "D": (d,), "delta_bias": (d,)}
+    for name, t in (("delta", delta), ("z", z), ("D", D), ("delta_bias", delta_bias)):
         if t is not None and tuple(t.shape) != needed[name]:
             raise ValueError(f"{name} must have shape {needed[name]} (b, d, L, n = {b}, {d}, {length}, {n}), "
                              f"got {tuple(t.shape)}")
+    _check_bc("B", B, b, d, n, length)
+    _check_bc("C", C, b, d, n, length)
     if (A > 0).any():
         raise ValueError(f"selective_scan: A must be <= 0 (a stable system, as Mamba's A = -exp(A_log) is); "
                          f"got max A = {A.max().item():.3g}, which makes the state grow without bound")
+
+
+def _grouped(t: torch.Tensor, b: int, d: int, length: int) -> torch.Tensor:
+    """B or C in any accepted layout as (b, g, n, L): (b, n, L) is g = 1, (d, n) is g = d (repeated over time)."""
+    if t.dim() == 2:
+        return t.unsqueeze(0).unsqueeze(-1).expand(b, d, t.shape[1], length)
+    return t.unsqueeze(1) if t.dim() == 3 else t
+
+
+def _per_channel(t: torch.Tensor, d: int) -> torch.Tensor:
+    """(b, g, n, L) → (b, d, L, n): every channel's own B_t (or C_t), a view where g = 1 or g = d."""
+    t, g = t.transpose(2, 3), t.shape[1]
+    return t if g == d else t.expand(-1, d, -1, -1) if g == 1 else t.repeat_interleave(d // g, dim=1)
+
+
+def compute_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """The dtype :func:`selective_scan` computes in: float32, or float64 if any argument is float64.
+
+    The dtype rule (as the Mamba authors' reference, ``selective_scan_ref``, does it): bf16 and
+    fp16 inputs are upcast, the state and every sum are kept in at least float32, and the
+    output is cast back to the dtype of ``u``. A low-precision state would carry a rounding
+    error of about δ/(1 − a) (:func:`recurrence_rounding`), large exactly where the memory is
+    long. The reference upcasts float64 to float32 too; this library keeps float64, so that the
+    tests can compare its forms at 1e-12.
+    """
+    _checks.floats("compute_dtype", **{f"tensors[{i}]": t for i, t in enumerate(tensors)})
+    wide = any(t is not None and t.dtype == torch.float64 for t in tensors)
+    return torch.float64 if wide else torch.float32
 
 
 def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
@@ -328,9 +441,14 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
       with :math:`\Lambda_t = \sum_{s\le t}\Delta_s A`; vectorised, but :math:`e^{-\Lambda_s}`
       overflows on strongly decaying input (a lesson, not a method to use).
 
+    Dtypes (:func:`compute_dtype`): everything is computed in float32 (float64 if any argument
+    is float64), and ``out`` is returned in the dtype of ``u``; the last state stays in the
+    compute dtype, as the reference returns it.
+
     Args:
         u, delta, z: (b, d, L). A: (d, n), real, <= 0 (a stable system; Mamba's A = -exp(A_log)).
-        B, C: (b, n, L), shared by the d channels. D, delta_bias: (d,).
+        B, C: (b, n, L), shared by the d channels (Mamba); (d, n), time-invariant (S4D); or
+        (b, g, n, L), g groups of d/g channels each (Mamba-2's groups). D, delta_bias: (d,).
         return_last_state: also return :math:`h_{L-1}`, (b, d, n).
     Returns: out (b, d, L), and the last state if asked for.
     Raises: TypeError for non-tensors or integer tensors; ValueError, naming the
@@ -339,6 +457,9 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     """
     _check_scan(u, delta, A, B, C, D, z, delta_bias, method)
     chunk = _chunk_size(u.shape[-1], chunk)
+    dtype_in, wide = u.dtype, compute_dtype(u, delta, A, B, C, D, z, delta_bias)
+    u, delta, A, B, C, D, z, delta_bias = (t if t is None else t.to(wide)
+                                           for t in (u, delta, A, B, C, D, z, delta_bias))
     if delta_bias is not None:
         delta = delta + delta_bias.unsqueeze(-1)
     if delta_softplus:
@@ -346,18 +467,48 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     if (delta < 0).any():
         raise ValueError(f"selective_scan: delta must be >= 0 (a step size, after delta_bias and any softplus), "
                          f"got min {delta.min().item():.3g}; pass delta_softplus=True for raw values")
+    b, d, length = u.shape
+    B, C = _grouped(B, b, d, length), _grouped(C, b, d, length)                  # (b, g, n, L)
     if method == "chunked":
         y, last = _ChunkedSelectiveScan.apply(u, delta, A, B, C, chunk)
     else:
         log_a = delta.unsqueeze(-1) * A.unsqueeze(1)                               # (b, d, L, n): Δ_t A ≤ 0
-        x = (delta * u).unsqueeze(-1) * B.transpose(1, 2).unsqueeze(1)             # (b, d, L, n): Δ_t B_t u_t
+        x = (delta * u).unsqueeze(-1) * _per_channel(B, d)                         # (b, d, L, n): Δ_t B_t u_t
         h = _SCANS[method](log_a, x, chunk)
-        y, last = (h * C.transpose(1, 2).unsqueeze(1)).sum(-1), h[:, :, -1]        # y_t = C_t · h_t
+        y, last = (h * _per_channel(C, d)).sum(-1), h[:, :, -1]                    # y_t = C_t · h_t
     if D is not None:
         y = y + D.unsqueeze(-1) * u
     if z is not None:
         y = y * F.silu(z)
+    y = y.to(dtype_in)
     return (y, last) if return_last_state else y
+
+
+def scan_hbm_bytes(batch: int, d: int, length: int, n: int, *, io_bytes: int = 2,
+                   state_bytes: int = 4) -> dict[str, int]:
+    r"""HBM traffic of one selective-scan forward pass, in an IO model (bytes; a model, not a measurement).
+
+    Both forms read u, Δ, z (b, d, L) and B, C (b, n, L) and write the output (b, d, L), at
+    ``io_bytes`` per element (bf16: 2), and read A (d, n), D and the Δ bias (d,) in float32:
+
+    .. math:: \text{fused} = (4bdL + 2bnL)\,\text{io} + 4(dn + 2d)
+
+    That is the fused kernel of the Mamba paper (§3.3.2): Ā, B̄u and the states h, each
+    (b, d, L, n), live only in on-chip SRAM. A *materialised* scan (one kernel per operation, as a
+    PyTorch loop runs it) writes those three tensors to HBM and reads each back once, in
+    ``state_bytes`` (the state is kept in float32):
+
+    .. math:: \text{materialised} = \text{fused} + 6\,bdLn\,\text{state}
+
+    Returns ``{"fused", "materialised", "state_tensor"}``; ``state_tensor`` = bdLn·state is the
+    size of one (b, d, L, n) tensor, what autograd keeps per saved tensor for the backward
+    (the fused kernel keeps none: it recomputes the states in the backward pass).
+    """
+    _checks.ints("scan_hbm_bytes", batch=batch, d=d, length=length, n=n, io_bytes=io_bytes,
+                 state_bytes=state_bytes)
+    fused = (4 * batch * d * length + 2 * batch * n * length) * io_bytes + 4 * (d * n + 2 * d)
+    state_tensor = batch * d * length * n * state_bytes
+    return {"fused": fused, "materialised": fused + 6 * state_tensor, "state_tensor": state_tensor}
 
 
 def recurrence_rounding(a: float, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
@@ -466,9 +617,11 @@ class Mamba(nn.Module):
         return self.out_proj(y.transpose(1, 2))
 
     def init_state(self, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Zero state: the last d_conv − 1 conv inputs (b, d_inner, d_conv − 1) and the SSM state (b, d_inner, n)."""
-        c, p = self.config, self.A_log
-        return (p.new_zeros(batch, c.d_inner, c.d_conv - 1), p.new_zeros(batch, c.d_inner, c.d_state))
+        """Zero state: the last d_conv − 1 conv inputs (b, d_inner, d_conv − 1), in the weights' dtype, and
+        the SSM state (b, d_inner, n), in float32 (float64 for float64 weights), as the scan keeps it."""
+        c, p = self.config, self.in_proj.weight
+        return (p.new_zeros(batch, c.d_inner, c.d_conv - 1),
+                p.new_zeros(batch, c.d_inner, c.d_state, dtype=compute_dtype(p)))
 
     def step(self, u_t: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]):
         r"""One token: u_t (b, d_model) and a state → (out_t (b, d_model), new state). Constant cost per token.
@@ -482,11 +635,13 @@ class Mamba(nn.Module):
         window = torch.cat([conv_state, x.unsqueeze(-1)], dim=-1)                   # (b, d_inner, d_conv)
         x = F.silu((window * self.conv1d.weight.squeeze(1)).sum(-1) + self.conv1d.bias)
         dt, B, C = self._ssm_inputs(x)
-        delta = F.softplus(dt + self.dt_proj.bias)                                  # (b, d_inner)
-        A = -self.A_log.exp()
+        wide = h.dtype                                                              # the scan's dtype rule
+        x, z, dt, B, C = (t.to(wide) for t in (x, z, dt, B, C))
+        delta = F.softplus(dt + self.dt_proj.bias.to(wide))                         # (b, d_inner)
+        A = -self.A_log.to(wide).exp()
         h = torch.exp(delta.unsqueeze(-1) * A) * h + (delta * x).unsqueeze(-1) * B.unsqueeze(1)
-        y = (h * C.unsqueeze(1)).sum(-1) + self.D * x
-        return self.out_proj(y * F.silu(z)), (window[..., 1:], h)
+        y = (h * C.unsqueeze(1)).sum(-1) + self.D.to(wide) * x
+        return self.out_proj((y * F.silu(z)).to(u_t.dtype)), (window[..., 1:], h)
 
     def state_size(self) -> int:
         """Numbers of state per sequence at inference (see :func:`state_size`)."""

@@ -246,7 +246,7 @@ class MQARBatch:
 
 def mqar(batch: int, n_pairs: int = 8, *, n_queries: int | None = None, n_keys: int = 64,
          n_values: int = 64, seed: int = 0) -> MQARBatch:
-    """Multi-query associative recall (Arora et al. 2023, "Zoology", §3), seeded.
+    """Multi-query associative recall, a simplified form of Arora et al. 2023 ("Zoology", §3), seeded.
 
     Each prompt binds ``n_pairs`` distinct random keys to random values, then asks for
     ``n_queries`` (default ``n_pairs``) distinct keys in a random order. Recall at a query
@@ -254,6 +254,21 @@ def mqar(batch: int, n_pairs: int = 8, *, n_queries: int | None = None, n_keys: 
     attention does with one induction-style circuit, while a recurrent model must have kept
     every pair in its fixed state. Keys are tokens ``0 … n_keys − 1``; values
     ``n_keys … n_keys + n_values − 1``.
+
+    How it differs from Zoology's MQAR (:func:`mqar_zoology` is that one):
+
+    - **no power-law gaps**: the queries start right after the last pair and follow each
+      other with no filler, so the length is fixed at 2 (n_pairs + n_queries); Zoology spreads
+      the queries over a longer tail at distances drawn from a power law, with random filler
+      tokens between them;
+    - **answers echoed**: each query key is followed by its value (``q_1 a_1 q_2 a_2 …``), so
+      the sequence shows the answer to every earlier query; in Zoology the token after a query
+      is filler and the value is only a target;
+    - **values with replacement**: two keys of a prompt may share a value; Zoology draws the
+      values of a prompt without replacement;
+    - **vocabulary 128**: 64 keys and 64 values by default (``n_keys``, ``n_values``); Zoology
+      takes the vocabulary as an argument (8,192 in the paper), keys from its lower half
+      (token 0 excluded), values from its upper half.
     """
     n_queries = n_pairs if n_queries is None else n_queries
     if not 1 <= n_pairs <= n_keys:
@@ -273,3 +288,152 @@ def mqar(batch: int, n_pairs: int = 8, *, n_queries: int | None = None, n_keys: 
     targets = torch.full_like(inputs, -100)
     targets[:, 2 * n_pairs::2] = query_values                                           # predict a after q
     return MQARBatch(inputs, targets, n_keys + n_values)
+
+
+@dataclass
+class ZoologyMQARBatch(MQARBatch):
+    """Zoology's MQAR prompts (:func:`mqar_zoology`): the pairs, then a tail of filler and queries.
+
+    ``gaps[:, j]`` is the gap of pair j: its query sits at position 2 n_pairs + 2 (gap − 1), so
+    gap 1 is the first token after the pairs. ``inputs``, ``targets`` and ``vocab`` as in
+    :class:`MQARBatch` (targets −100 except at a query, where it is the queried key's value).
+    """
+
+    n_pairs: int
+    gaps: torch.Tensor       # (b, n_pairs) long, in 1 … (L − 2 n_pairs) / 2, distinct per prompt
+
+    def query_positions(self) -> torch.Tensor:
+        """(b, n_pairs) long: where pair j's key is asked, 2 n_pairs + 2 (gaps − 1)."""
+        return 2 * self.n_pairs + 2 * (self.gaps - 1)
+
+    def pairs_back(self) -> torch.Tensor:
+        """(b, n_pairs) long: how many pairs back from the end of the pairs pair j sits (n_pairs − j;
+        1 is the last pair written), the same for every prompt."""
+        back = self.n_pairs - torch.arange(self.n_pairs)
+        return back.expand(self.gaps.shape[0], -1)
+
+    def answer_positions(self) -> torch.Tensor:
+        """(b, n_pairs) long: where the answer of each query sits (2j + 1 for pair j), the queries in
+        the order they appear in the prompt (as :meth:`MQARBatch.answer_positions`)."""
+        order = self.gaps.argsort(dim=1)
+        return 2 * order + 1
+
+
+def power_law_gaps(space: int, power_a: float = 0.01) -> torch.Tensor:
+    r"""Zoology's gap distribution over 1 … ``space``: :math:`p(g) \propto a\, g^{a - 1}`, normalised.
+
+    With Zoology's default :math:`a = 0.01`, :math:`p(g) \propto g^{-0.99}`, nearly 1/g: a query
+    lands right after the pairs far more often than at the end of the tail (as the gaps between
+    repeated bigrams in text do). :math:`a = 1` gives the uniform distribution. Returns (space,)
+    float64 probabilities.
+    """
+    _checks.ints("power_law_gaps", space=space)
+    if not (isinstance(power_a, (int, float)) and 0 < power_a <= 1):
+        raise ValueError(f"power_law_gaps: power_a must lie in (0, 1], got {power_a!r}")
+    g = torch.arange(1, space + 1, dtype=torch.float64)
+    p = power_a * g ** (power_a - 1)
+    return p / p.sum()
+
+
+def mqar_zoology(batch: int, n_pairs: int = 8, seq_len: int = 64, *, vocab: int = 8192, power_a: float = 0.01,
+                 random_non_queries: bool = True, seed: int = 0) -> ZoologyMQARBatch:
+    r"""Multi-query associative recall as Zoology defines it (Arora et al. 2023, §3 and its code), seeded.
+
+    A prompt of ``seq_len`` tokens: ``n_pairs`` pairs :math:`k_1 v_1 \dots k_P v_P`, then a tail of
+    :math:`L - 2P` tokens holding :math:`(L - 2P)/2` slots at its even offsets. Every key is asked
+    once: pair j's key goes into slot :math:`g_j - 1`, the gaps :math:`g_j` drawn without
+    replacement from :func:`power_law_gaps` (``power_a``), and the target at that position is
+    :math:`v_j`. Every other tail token is filler: a uniformly random token of the whole
+    vocabulary (``random_non_queries``; a filler token may repeat a key, and asks nothing) or 0.
+
+    Vocabulary: keys are drawn without replacement from ``1 … vocab // 2 − 1`` (token 0 is the
+    filler placeholder), values without replacement from ``vocab // 2 … vocab − 1``.
+
+    Needs ``seq_len`` even and ``seq_len ≥ 4 n_pairs`` (as many slots as pairs), and
+    ``n_pairs ≤ vocab // 2 − 1``. Returns a :class:`ZoologyMQARBatch`, inputs and targets
+    (batch, seq_len).
+    """
+    _checks.ints("mqar_zoology", batch=batch, n_pairs=n_pairs, seq_len=seq_len, vocab=vocab)
+    if seq_len % 2 or seq_len < 4 * n_pairs:
+        raise ValueError(f"mqar_zoology: seq_len must be even and at least 4 n_pairs = {4 * n_pairs}, "
+                         f"got {seq_len}")
+    if n_pairs > vocab // 2 - 1:
+        raise ValueError(f"mqar_zoology: vocab must hold n_pairs = {n_pairs} keys in 1 … vocab // 2 − 1, "
+                         f"got vocab={vocab}")
+    space = (seq_len - 2 * n_pairs) // 2
+    p = power_law_gaps(space, power_a)
+    g = torch.Generator().manual_seed(seed)
+    half = vocab // 2
+    keys = 1 + torch.rand(batch, half - 1, generator=g).argsort(-1)[:, :n_pairs]               # distinct
+    values = half + torch.rand(batch, vocab - half, generator=g).argsort(-1)[:, :n_pairs]      # distinct
+    gaps = 1 + torch.multinomial(p.expand(batch, space), n_pairs, replacement=False, generator=g)
+    inputs = torch.zeros(batch, seq_len, dtype=torch.long)
+    inputs[:, 0:2 * n_pairs:2], inputs[:, 1:2 * n_pairs:2] = keys, values
+    asked = 2 * n_pairs + 2 * (gaps - 1)
+    filler = torch.randint(vocab, (batch, seq_len), generator=g)
+    if random_non_queries:
+        inputs[:, 2 * n_pairs:] = filler[:, 2 * n_pairs:]
+    inputs.scatter_(1, asked, keys)
+    targets = torch.full_like(inputs, -100).scatter_(1, asked, values)
+    return ZoologyMQARBatch(inputs, targets, vocab, n_pairs, gaps)
+
+
+# ----------------------------------------------------------------------------- chapter 11: selective copying
+
+@dataclass
+class SelectiveCopyBatch:
+    """Selective-copying prompts: a context of noise with data tokens at random places, then markers.
+
+    ``inputs``   (b, length + n_data) long: the context, then n_data marker tokens;
+    ``targets``  (b, length + n_data) long: -100 everywhere except at marker j, whose target is
+                 the j-th data token of the context (the model answers in order);
+    ``is_data``  (b, length + n_data) bool: where the data tokens sit.
+    Token ids: noise ``0 … n_noise − 1``, data ``n_noise … n_noise + n_values − 1``, the marker
+    ``n_noise + n_values``; ``vocab`` = n_noise + n_values + 1.
+    """
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    is_data: torch.Tensor
+    vocab: int
+    n_noise: int
+    marker: int
+
+    @property
+    def is_noise(self) -> torch.Tensor:
+        """(b, length + n_data) bool: the noise tokens of the context."""
+        return self.inputs < self.n_noise
+
+    @property
+    def data(self) -> torch.Tensor:
+        """(b, n_data) long: the data tokens in order (what the markers must produce)."""
+        return self.targets[self.targets != -100].view(self.inputs.shape[0], -1)
+
+
+def selective_copying(batch: int, n_data: int = 4, length: int = 32, *, n_values: int = 8, n_noise: int = 1,
+                      seed: int = 0) -> SelectiveCopyBatch:
+    """Selective copying (Gu and Dao 2023, §3.1 and §4.1.1), seeded and small.
+
+    Each prompt scatters ``n_data`` data tokens, drawn uniformly (with replacement) from
+    ``n_values`` values, at random distinct positions of a context of ``length`` tokens; every
+    other position holds a noise token, drawn uniformly from ``n_noise`` noise ids (one id: a
+    blank). Then come ``n_data`` marker tokens, and at the j-th marker the model must output the
+    j-th data token. The positions change from prompt to prompt, so a model must decide by
+    content which tokens to keep: a time-invariant filter weighs a token by its distance from
+    the end, whatever it is.
+    """
+    _checks.ints("selective_copying", batch=batch, n_data=n_data, length=length, n_values=n_values,
+                 n_noise=n_noise)
+    if n_data > length:
+        raise ValueError(f"selective_copying: n_data must be at most length = {length}, got {n_data}")
+    g = torch.Generator().manual_seed(seed)
+    context = torch.randint(n_noise, (batch, length), generator=g)
+    where = torch.rand(batch, length, generator=g).argsort(-1)[:, :n_data].sort(-1).values
+    data = n_noise + torch.randint(n_values, (batch, n_data), generator=g)
+    context.scatter_(1, where, data)
+    marker = n_noise + n_values
+    inputs = torch.cat([context, torch.full((batch, n_data), marker)], dim=1)
+    targets = torch.full_like(inputs, -100)
+    targets[:, length:] = data
+    is_data = torch.zeros_like(inputs, dtype=torch.bool).scatter_(1, where, True)
+    return SelectiveCopyBatch(inputs, targets, is_data, marker + 1, n_noise, marker)

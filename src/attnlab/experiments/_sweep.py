@@ -35,13 +35,16 @@ def _one_thread(run_point: Callable, point) -> dict:
 def run_points(points: Sequence, run_point: Callable, *, key: Callable, head: dict,
                out: Path | None = None, resume: bool = False, jobs: int = 1,
                order: Callable | None = None, sort: Callable | None = None,
-               indent: int | None = None, progress: bool = True, desc: str = "sweep") -> dict:
+               indent: int | None = None, progress: bool = True, desc: str = "sweep",
+               executor: Callable | None = None) -> dict:
     """Run ``run_point`` on every point not yet in ``out`` and return ``{**head, "points": [...]}``.
 
     key: a point's identity, for a point or for its result dict (what ``resume`` skips).
     order: the order to run the missing points in (longest first keeps two workers busy).
     sort: the order of the results in the file (default: ``key``).
     indent: JSON indentation of the file (None: compact).
+    executor: ``todo -> iterator of results`` in any order, instead of ``jobs`` local processes
+        (the Ray backend, ``attnlab.experiments._ray.ray_executor``).
     """
     results = json.loads(out.read_text())["points"] if resume and out is not None and out.exists() else []
     done = {key(r) for r in results}
@@ -56,6 +59,9 @@ def run_points(points: Sequence, run_point: Callable, *, key: Callable, head: di
             out.write_text(json.dumps({**head, "points": results}, **layout) + "\n")
 
     def finished():
+        if executor is not None:
+            yield from executor(todo)
+            return
         if jobs == 1:
             yield from map(run_point, todo)
             return
