@@ -49,7 +49,6 @@ EXEMPT = {
     "hybrid.ModelConfig": "frozen dataclass of a published configuration; parameter_count is covered",
     "models.GPTConfig": "dataclass of sizes; MicroGPT is fed bad input below",
     "position_models.PositionConfig": "frozen dataclass of sizes; PositionLM is fed bad input below",
-    "ssm.MambaConfig": "dataclass of sizes; Mamba is fed bad input below",
     "tasks.RegressionPrompts": "record made by in_context_regression (covered)",
     "tasks.ModularAddition": "record made by modular_addition (covered)",
     "tasks.RetrievalPrompts": "record made by key_value_retrieval (covered)",
@@ -444,7 +443,19 @@ BAD = {
                            (lambda: ssm.selective_scan(**{**SCAN, "A": -SCAN["A"], "delta": -SCAN["delta"]}), "delta"),
                            (lambda: ssm.selective_scan(**{**SCAN, "A": -SCAN["A"], "u": SCAN["u"].long()}), "u")],
     "ssm.recurrence_rounding": [(lambda: ssm.recurrence_rounding(1.0, torch.randn(4), torch.float32), "a")],
-    "ssm.Mamba": [(lambda: ssm.Mamba(ssm.MambaConfig(8))(torch.randn(1, 5, 4)), "u")],
+    "ssm.Mamba": [(lambda: ssm.Mamba(ssm.MambaConfig(8))(torch.randn(1, 5, 4)), "u"),
+                  (lambda: ssm.Mamba(ssm.MambaConfig(8)).step(torch.randn(2, 8), ssm.Mamba(ssm.MambaConfig(8))
+                                                                .init_state(2)[::-1]), "state[0]"),
+                  (lambda: ssm.Mamba(ssm.MambaConfig(8)).step(torch.randn(2, 8), ssm.Mamba(ssm.MambaConfig(8))
+                                                                .init_state(3)), "state[0]"),
+                  (lambda: ssm.Mamba(ssm.MambaConfig(8, d_state=4)).step(
+                      torch.randn(1, 8), (torch.zeros(1, 16, 3), torch.zeros(1, 16, 5))), "state[1]"),
+                  (lambda: ssm.Mamba(ssm.MambaConfig(8)).step(torch.randn(1, 8), torch.zeros(1, 16, 3)), "state")],
+    "ssm.MambaConfig": [(lambda: ssm.MambaConfig(0), "d_model"), (lambda: ssm.MambaConfig(8, expand=0), "expand"),
+                        (lambda: ssm.MambaConfig(8, d_state=0), "d_state"),
+                        (lambda: ssm.MambaConfig(8, dt_rank=0), "dt_rank"),
+                        (lambda: ssm.MambaConfig(8, dt_min=0.5), "dt_min"),
+                        (lambda: ssm.MambaConfig(8, method="pscan"), "method")],
     "ssm.MambaLM": [(lambda: ssm.MambaLM(10, 1, ssm.MambaConfig(8))(torch.randn(1, 5)), "tokens")],
     "ssm.compute_dtype": [(lambda: ssm.compute_dtype(torch.ones(2), [1.0]), "tensors[1]"),
                           (lambda: ssm.compute_dtype(torch.ones(2, dtype=torch.long)), "tensors[0]")],

@@ -409,6 +409,7 @@ def test_selective_scan_flow_prints_the_decays_exp_delta_a(deltas, A):
     printed = [float(t.split()[1]) for t in texts if t.startswith("× ")]
     assert printed == [round(math.exp(d * A), 2) for d in deltas]
     assert [t for t in texts if t.startswith("Δ = ")] == [f"Δ = {d:g}" for d in deltas]
+    assert [t for t in texts if t[0] in "hy"] == ["h−1"] + [f"{v}{t}" for t in range(len(deltas)) for v in "hy"]
     with pytest.raises(ValueError, match="deltas"):
         diagrams.selective_scan_flow(("a",), (1.0, 2.0))
 
@@ -454,3 +455,19 @@ def test_moe_router_prints_the_softmax_and_runs_the_top_k(n_experts, top_k, logi
     assert f"the compute of {top_k} FFNs, the parameters of {n_experts}" in " ".join(texts)
     with pytest.raises(ValueError, match="top_k"):
         diagrams.moe_router(4, 5)
+
+
+@pytest.mark.parametrize("length", [2, 5, 8, 13, 16])
+def test_parallel_scan_levels_and_combines_are_those_of_hillis_steele(length):
+    dia = diagrams.parallel_scan(length)
+    root, texts = _svg(dia), _texts(dia)
+    levels = math.ceil(math.log2(length))
+    combines = sum(length - 2**k for k in range(levels))
+    orange = [p for p in root.iter(NS + "path") if p.get("stroke") == diagrams.ORANGE]
+    assert len(orange) == combines and f"{levels} levels, {combines} combines" in dia.title
+    assert [t for t in texts if t.startswith("offset ")] == [f"offset {2**k}" for k in range(levels)]
+    top = texts[-(2 * length + 2):]                  # the last level's spans, the h_t labels, the legend
+    assert [t for t in texts if t.startswith("h")][-length:] == [f"h{t}" for t in range(length)]
+    assert {"0", *(f"0–{t}" for t in range(1, length))} <= set(top)   # every node ends covering 0…t
+    with pytest.raises(ValueError, match="length"):
+        diagrams.parallel_scan(1)

@@ -79,3 +79,31 @@ def test_11_ssd_form_choice():
 def test_11_state_tensor_gb():
     from attnlab.ssm import scan_hbm_bytes
     accepts("11-state-tensor-gb", scan_hbm_bytes(2, 4096, 4096, 16, state_bytes=4)["state_tensor"] / 1e9)
+
+
+def test_11_ssd_unit_decay():
+    from attnlab.ssd import ssd
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64).view(1, 4, 1, 1)     # (b, L, h, p)
+    B = torch.tensor([1.0, 0.0, 2.0, 1.0], dtype=torch.float64).view(1, 4, 1, 1)     # (b, L, g, n)
+    C = torch.tensor([5.0, -1.0, 3.0, 2.0], dtype=torch.float64).view(1, 4, 1, 1)    # only C_3 matters for y_3
+    y = ssd(x, torch.zeros(1, 4, 1, dtype=torch.float64), B, C)                        # log a_t = 0: a_t = 1
+    accepts("11-ssd-unit-decay", y[0, -1, 0, 0].item())
+
+
+def test_11_recompute_training_memory():
+    from attnlab.ssm import scan_hbm_bytes
+    per_layer = scan_hbm_bytes(4, 4096, 4096, 16, state_bytes=4)["state_tensor"]
+    assert per_layer == 4 * 4096 * 4096 * 16 * 4
+    accepts("11-recompute-training-memory", 48 * per_layer / 1e9)
+
+
+def test_11_ssd_crossover():
+    from attnlab.ssd import ssd_flops
+    T, n, p = 64, 128, 64
+    # per token, the chunked form (L a multiple of T) costs ssd_flops(T, chunk=T) / T; the quadratic
+    # form costs ssd_flops(L) / L = L · ssd_flops(1): they are level at L* = that ratio
+    level = ssd_flops(T, n, p, chunk=T) / T / ssd_flops(1, n, p)
+    assert abs(level - (T + 2 * n * p / (n + p))) < 1e-9
+    assert ssd_flops(3 * T, n, p) > ssd_flops(3 * T, n, p, chunk=T)                # 192 > L*: chunked wins
+    assert _ssd_flops(3 * T, n, p) == ssd_flops(3 * T, n, p)                       # the count is torch's
+    accepts("11-ssd-crossover", level)

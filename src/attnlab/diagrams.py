@@ -2058,7 +2058,8 @@ def selective_scan_flow(tokens=("7", "·", "·", "3", "·", "·"), deltas=(2.0, 
     W, H = max(640, x0 + T * step + 20), 520
     dr = Drawing(_name("selective_scan_flow", tokens, deltas, A), W, H,
                  f"The selective scan over {T} tokens",
-                 f"One column per token, time running left to right. Each token x_t computes its own step size "
+                 f"One column per token, t = 0 to {T - 1}, time running left to right, from the state h_(−1) = 0. "
+                 f"Each token x_t computes its own step size "
                  f"Δ_t and its B_t and C_t. The state h moves along the middle row: from h_(t−1) to h_t it is "
                  f"multiplied by the decay exp(Δ_t A) (A = {A:g}), and Δ_t B_t x_t is added; y_t = C_t·h_t is "
                  f"read out above. Tokens and decays: "
@@ -2070,7 +2071,7 @@ def selective_scan_flow(tokens=("7", "·", "·", "3", "·", "·"), deltas=(2.0, 
     dr.text(20, yh, "state", 14, anchor="start", weight="600")
     dr.text(20, yp, "selection", 14, anchor="start", weight="600")
     dr.text(20, yx, "token", 14, anchor="start", weight="600")
-    dr.circle(x0 + 40 - step, yh, 20, "h_{0}", size=14, dashed=True)
+    dr.circle(x0 + 40 - step, yh, 20, "h_{−1}", size=14, dashed=True)          # h_(−1) = 0, t counts from 0
     for t, (tok, d, a) in enumerate(zip(tokens, deltas, decays)):
         cx = x0 + 40 + t * step
         hot = a < 0.5
@@ -2080,12 +2081,12 @@ def selective_scan_flow(tokens=("7", "·", "·", "3", "·", "·"), deltas=(2.0, 
         dr.box(cx - 44, yp - 24, 88, 48, f"Δ = {d:g}", "B_{t}, C_{t}", color, size=14)
         dr.arrow((cx, yp - 24), (cx, yh + 22), color=color, width=3 if hot else 1.2, dashed=not hot)
         dr.text(cx + 6, yh + 54, "+Δ_{t}B_{t}x_{t}", 13, anchor="start", color=INK)
-        dr.circle(cx, yh, 20, f"h_{{{t + 1}}}", color=color, fill_opacity=0.3 if hot else 0.08, size=14)
+        dr.circle(cx, yh, 20, f"h_{{{t}}}", color=color, fill_opacity=0.3 if hot else 0.08, size=14)
         prev = cx - step
         dr.arrow((prev + 22, yh), (cx - 22, yh), width=1.2 if hot else 3, color=INK)
         dr.text((prev + cx) / 2 + 2, yh - 16, f"× {a:.2f}", 13)
         dr.arrow((cx, yh - 20), (cx, ys + 18))
-        dr.text(cx, ys, f"y_{{{t + 1}}}", 15)
+        dr.text(cx, ys, f"y_{{{t}}}", 15)
         dr.text(cx + 6, (ys + yh) / 2, "C_{t}·h_{t}", 13, anchor="start")
     dr.text(W / 2, H - 44, "orange: Δ large, the decay exp(ΔA) near 0: the old state is replaced by this token",
             14, color=INK)
@@ -2317,3 +2318,77 @@ def moe_router(n_experts: int = 8, top_k: int = 2, logits=None) -> Diagram:
 
 
 ALL += [griffin_block, hyena_operator, moe_router]
+
+
+# ----------------------------------------------------------------------------- chapter 11: the parallel scan
+
+def parallel_scan(length: int = 8) -> Diagram:
+    """The Hillis–Steele scan of h_t = a_t h_(t−1) + x_t over ``length`` steps, data flowing upward.
+
+    Step t is the pair (a_t, x_t), the map h ↦ a_t h + x_t. At the level with offset d = 1, 2, 4, …
+    every node t ≥ d combines the node t − d below it with its own: (a₁, x₁) ∘ (a₂, x₂) =
+    (a₁a₂, a₂x₁ + x₂). A node is labelled with the steps its map covers; after ⌈log₂ L⌉ levels
+    every node covers 0…t, and its x is h_t. The orange edges are the combines, all of one level
+    independent of each other: L log₂ L-order work in log₂ L parallel steps, against L − 1
+    combines one after another for the loop.
+    """
+    if not isinstance(length, int) or isinstance(length, bool) or not 2 <= length <= 16:
+        raise ValueError(f"parallel_scan: length must be an int in [2, 16], got {length!r}")
+    L = length
+    offsets = [2 ** k for k in range(max(1, math.ceil(math.log2(L))))]
+    offsets = [d for d in offsets if d < L]
+    combines = sum(L - d for d in offsets)
+    W, row = 780, 92
+    H = 150 + row * len(offsets) + 70
+    dr = Drawing(_name("parallel_scan", L), W, H,
+                 f"A parallel (Hillis–Steele) scan over {L} steps: {len(offsets)} levels, {combines} combines",
+                 f"Data flows upward. The bottom row holds the {L} steps t = 0 to {L - 1}, each the pair (a_t, x_t), "
+                 f"the map h to a_t h + x_t. At each level, with offsets " + ", ".join(str(d) for d in offsets)
+                 + ", every node t at least the offset combines the node offset steps to its left, one level "
+                 "down, with its own node, by (a1, x1) then (a2, x2) = (a1 a2, a2 x1 + x2). Nodes are labelled "
+                 "with the steps their map covers. After the last level every node t covers steps 0 to t and "
+                 f"holds h_t. All combines of a level are independent: {len(offsets)} parallel steps and "
+                 f"{combines} combines, against {L - 1} combines one after another in a loop.")
+    x0, x1 = 130, W - 30
+    col = (x1 - x0) / L
+    xs = [x0 + col * (t + 0.5) for t in range(L)]
+    y_of = lambda level: H - 90 - level * row                                   # noqa: E731
+    lo = list(range(L))                                                         # node t covers lo[t] … t
+    r = min(22, col * 0.42)
+
+    def node(t, level, label):
+        done = lo[t] == 0 and level > 0
+        dr.circle(xs[t], y_of(level), r, color=GREEN if done else BLUE, fill_opacity=0.3 if done else 0.12)
+        dr.text(xs[t], y_of(level), label, 13 if len(label) > 2 else 14)
+
+    def span(t):
+        return str(t) if lo[t] == t else f"{lo[t]}–{t}"
+
+    dr.text(20, y_of(0), "steps", 14, anchor="start", weight="600")
+    dr.text(20, y_of(0) + 24, "(a_{t}, x_{t})", 13, anchor="start")
+    for t in range(L):
+        node(t, 0, str(t))
+    for level, d in enumerate(offsets, 1):
+        y, y_prev = y_of(level), y_of(level - 1)
+        dr.text(20, y, f"offset {d}", 14, anchor="start", weight="600")
+        new_lo = lo[:]
+        for t in range(L):
+            dr.line((xs[t], y_prev - r), (xs[t], y + r), width=1.2, dashed=t < d)
+            if t >= d:
+                dr.line((xs[t - d], y_prev - r), (xs[t] - r * 0.6, y + r * 0.8), width=2, color=ORANGE)
+                new_lo[t] = lo[t - d]
+        lo = new_lo
+        for t in range(L):
+            node(t, level, span(t))
+    top = y_of(len(offsets))
+    for t in range(L):
+        dr.arrow((xs[t], top - r), (xs[t], top - r - 22))
+        dr.text(xs[t], top - r - 36, f"h_{{{t}}}", 15)
+    dr.text(W / 2, 22, "orange edge: one combine, (a₁, x₁) ∘ (a₂, x₂) = (a₁a₂, a₂x₁ + x₂); "
+            "green node: covers 0…t, so it holds h_{t}", 14)
+    dr.text(W / 2, H - 28, f"{len(offsets)} levels of independent combines ({combines} in all) "
+            f"instead of {L - 1} combines one after another", 14)
+    return dr.diagram()
+
+
+ALL += [parallel_scan]

@@ -554,6 +554,19 @@ class MambaConfig:
     dt_init_floor: float = 1e-4
     method: str = "chunked"         # how forward() runs the selective scan
 
+    def __post_init__(self):
+        """Sizes are positive ints, 0 < dt_min <= dt_max, method a scan method: checked here, not deep in nn.Linear."""
+        _checks.ints("MambaConfig", d_model=self.d_model, d_state=self.d_state, d_conv=self.d_conv,
+                     expand=self.expand)
+        if self.dt_rank is not None:
+            _checks.ints("MambaConfig", dt_rank=self.dt_rank)
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"MambaConfig: dt_min and dt_max must satisfy 0 < dt_min <= dt_max, "
+                             f"got dt_min = {self.dt_min}, dt_max = {self.dt_max}")
+        _checks.at_least("MambaConfig", 0, dt_init_floor=self.dt_init_floor)
+        if self.method not in SCAN_METHODS:
+            raise ValueError(f"MambaConfig: method must be one of {SCAN_METHODS}, got {self.method!r}")
+
     @property
     def d_inner(self) -> int:
         return self.expand * self.d_model
@@ -630,6 +643,7 @@ class Mamba(nn.Module):
         """
         if u_t.dim() != 2 or u_t.shape[-1] != self.config.d_model:
             raise ValueError(f"u_t must be (b, d_model={self.config.d_model}), got {tuple(u_t.shape)}")
+        self._check_state(state, u_t.shape[0])
         conv_state, h = state
         x, z = self.in_proj(u_t).chunk(2, dim=-1)                                   # (b, d_inner)
         window = torch.cat([conv_state, x.unsqueeze(-1)], dim=-1)                   # (b, d_inner, d_conv)
@@ -642,6 +656,20 @@ class Mamba(nn.Module):
         h = torch.exp(delta.unsqueeze(-1) * A) * h + (delta * x).unsqueeze(-1) * B.unsqueeze(1)
         y = (h * C.unsqueeze(1)).sum(-1) + self.D.to(wide) * x
         return self.out_proj((y * F.silu(z)).to(u_t.dtype)), (window[..., 1:], h)
+
+    def _check_state(self, state, batch: int) -> None:
+        """state = (conv_state (b, d_inner, d_conv − 1), h (b, d_inner, n)), floating point, as init_state makes it."""
+        c = self.config
+        if not isinstance(state, (tuple, list)) or len(state) != 2:
+            raise TypeError(f"Mamba.step: state must be a pair (conv_state, h) as init_state returns it, "
+                            f"got {type(state).__name__}")
+        expected = [("state[0] (conv_state)", "d_conv − 1", (batch, c.d_inner, c.d_conv - 1)),
+                    ("state[1] (h)", "n", (batch, c.d_inner, c.d_state))]
+        for (name, last, shape), t in zip(expected, state):
+            _checks.floats("Mamba.step", **{name: t})
+            if tuple(t.shape) != shape:
+                raise ValueError(f"Mamba.step: {name} must be (b, d_inner, {last}) = {shape}, "
+                                 f"got {tuple(t.shape)}")
 
     def state_size(self) -> int:
         """Numbers of state per sequence at inference (see :func:`state_size`)."""

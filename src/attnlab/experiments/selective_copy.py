@@ -20,6 +20,8 @@ of the test prompts is recorded per layer.
 
 ``--weights`` retrains the selective arm at its chosen rate with each seed (training is
 deterministic at one thread) and writes the three models' weights to ``selective_copy.pt``.
+:func:`ablated_accuracy` evaluates a shipped model with the token-dependence of Δ, B or C removed
+in one layer (each replaced by its mean over the prompt): the chapter's test of which layer selects.
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
@@ -128,6 +131,51 @@ def accuracy(model: MambaLM, prompts) -> float:
     logits = model(prompts.inputs)
     asked = prompts.targets != -100
     return (logits.argmax(-1)[asked] == prompts.targets[asked]).float().mean().item()
+
+
+SELECTION_PARTS = ("delta", "B", "C")
+
+
+@contextmanager
+def frozen_to_mean(model: MambaLM, parts=("delta",), layers=None):
+    r"""An ablation: inside the ``with`` block, the chosen selection inputs of a layer stop depending on the token.
+
+    Each of ``parts`` ("delta", "B", "C") of every mixer in ``layers`` (0-based; None: all) is replaced by
+    its mean over the L positions of each prompt: Δ_t (b, L, d_inner), after the bias and the softplus, by
+    its per-channel mean (the mixer is handed softplus⁻¹(mean Δ) − b_Δ, so that its softplus gives the
+    mean back); B_t and C_t (b, L, n) by their mean vectors. Everything else runs as trained. Within a
+    prompt the layer then writes and decays with the same Δ, B, C at every token (its selection through
+    that part removed), while the prompt as a whole still sets their values.
+    """
+    unknown = set(parts) - set(SELECTION_PARTS)
+    if unknown or isinstance(parts, str):
+        raise ValueError(f"frozen_to_mean: parts must be a collection of {SELECTION_PARTS}, got {parts!r}")
+    chosen = range(len(model.mixers)) if layers is None else layers
+    patched = [model.mixers[i] for i in chosen]
+
+    def freeze(mixer, original):
+        def ssm_inputs(x):
+            dt, B, C = original(x)                                 # (b, L, d_inner), (b, L, n) twice
+            mean = lambda t: t.mean(-2, keepdim=True).expand_as(t)   # noqa: E731
+            if "delta" in parts:
+                delta = mean(F.softplus(dt + mixer.dt_proj.bias))
+                dt = delta + torch.log(-torch.expm1(-delta)) - mixer.dt_proj.bias
+            return dt, mean(B) if "B" in parts else B, mean(C) if "C" in parts else C
+        return ssm_inputs
+
+    for mixer in patched:
+        mixer._ssm_inputs = freeze(mixer, mixer._ssm_inputs)       # an instance attribute shadows the method
+    try:
+        yield model
+    finally:
+        for mixer in patched:
+            del mixer._ssm_inputs
+
+
+def ablated_accuracy(model: MambaLM, prompts, parts=("delta",), layers=None) -> float:
+    """:func:`accuracy` with ``parts`` of ``layers`` frozen to their per-prompt mean (:func:`frozen_to_mean`)."""
+    with frozen_to_mean(model, parts, layers):
+        return accuracy(model, prompts)
 
 
 def _kinds(prompts) -> dict[str, torch.Tensor]:
