@@ -193,66 +193,70 @@ SCAN_SEED = 0
 TEST_SEEDS = (1, 2, 3)
 VAL_SEED, TEST_SEED = 2_000_000_011, 3_000_000_019     # far from every training batch's seed
 GRID_FILE = "mqar_grid.json"
-# Two widths per mixer and task size, chosen to bracket each one's transition where the budget
-# allows (the L = 32 sweep above: attention and the hybrid solve from d = 32, linear attention
-# and Mamba only near d = 128, the window never), and sized by the pilot to about 6 core-hours.
+# Two widths per mixer and task size, chosen to bracket each one's transition, and sized by the
+# pilot to about 7.5 core-hours at worst.
 #
-# The pilot (`python -m attnlab.experiments.mqar grid --pilot`, 2026-11-25, x86_64, 2 cpus
-# shared with two other jobs, torch 2.13, one thread): seconds per step at batch 32, and the
-# worst case of one point (1,000 steps, 10 validations, the test), in seconds:
+# Why these widths (probes of 2026-11-25, x86_64, 2 cpus, torch 2.13, one thread; two-layer
+# attention on L = 64, P = 8, vocabulary 256, random filler, 1,000 steps, best validation
+# accuracy): at d = 32 (two heads of 16) attention stays at 0.13-0.18, about 1/P, i.e. it
+# returns *a* value of the prompt, not the bound one. That holds at lr 1e-2 and 3e-3, with
+# batch 32, 64 or 128, vocabulary 64, 128 or 256, random or zero filler, one head, 3,000 steps,
+# and with rotary positions in place of learned ones (0.13); at L = 32, P = 4 it stays at 0.28.
+# At d = 64 it solves the task (0.998 at step 500, batch 64, lr 3e-3), at d = 128 by step 300.
+# The same d = 32 model solves L = 32, P = 8 (every tail slot a query) by step 600, as it does
+# the simplified `mqar`. So attention's transition at L = 64 lies between d = 32 and 64, and the
+# grid brackets it there; the other mixers' brackets follow the L = 32 sweep (linear attention
+# and Mamba reach recall only near d = 128 there) within the budget.
+#
+# The pilot (`python -m attnlab.experiments.mqar grid --pilot`, 2026-11-25, same machine, a
+# second job on the other core): seconds per step at batch 32, and the worst case of one point
+# (1,000 steps, 10 validations, the test), in seconds:
 #
 #   task       architecture       d   s/step  point      d   s/step  point
-#   L64 P8     attention         16   0.130*   131      32   0.055     56
-#              sliding_window    16   0.058     59      32   0.053     54
-#              linear_attention  32   0.033     33      64   0.060     61
-#              mamba             32   0.143    146      64   0.380    387
-#              hybrid            16   0.068     69      32   0.113    115
-#              conv_attention    16   0.035     36      32   0.060     61
-#              hybrid_deep       16   0.150    152      32   0.235    240
-#   L128 P16   attention         16   0.105    108      32   0.145    148
-#              sliding_window    16   0.128    130      32   0.128    131
-#              linear_attention  32   0.068     69      64   0.115    117
-#              mamba             32   0.218    222      64   0.435    457
-#              hybrid            16   0.088     90      32   0.148    151
-#              conv_attention    16   0.045     46      32   0.068     69
-#              hybrid_deep       16   0.195    199      32   0.370    378
+#   L64 P8     attention         32   0.068*    68      64   0.050     51
+#              sliding_window    32   0.030     31      64   0.050     51
+#              linear_attention  64   0.050     51     128   0.120    123
+#              mamba             32   0.090     92      64   0.183    186
+#              hybrid            32   0.058     59      64   0.115    117
+#              conv_attention    32   0.028     28      64   0.053     54
+#              hybrid_deep       32   0.140    143      64   0.295    302
+#   L128 P16   attention         32   0.070     72      64   0.113    115
+#              sliding_window    32   0.080     82      64   0.123    126
+#              linear_attention  64   0.105    107     128   0.245    251
+#              mamba             32   0.205    210      64   0.453    472
+#              hybrid            32   0.148    151      64   0.263    274
+#              conv_attention    32   0.060     61      64   0.113    115
+#              hybrid_deep       32   0.333    341      64   0.708    740
 #   (* the first point, timed while the process warmed up)
 #
-# One point of every (task, architecture, width) costs at most 3,915 s; the grid runs each six
-# times (3 rates in stage (a), 3 seeds in stage (b)): at most 23,490 s = 6.5 core-hours, less
-# where a model reaches 99 % and stops early (attention, the hybrids, conv_attention). At batch
-# 64, width 128 cost 1.28 s a step (linear attention, L = 128) and Mamba 0.54 s at width 64,
-# L = 64: out of this budget, so the grid stops at width 64 and 1,000 steps of batch 32.
-# Probes before the launch (same date and machine, lr 1e-2, L = 64, P = 8, width 32, 1,000 steps):
-# the short convolution in front of attention reaches 0.952 validation accuracy and the hybrid
-# 0.970, still rising, while two attention layers stay at 0.13-0.15 (about 1/8: a value from
-# the prompt, not the bound one) with batch 32 or 64, vocabulary 128 or 256, with or without
-# random filler, and 0.185 at L = 32. Within this step cap the attention line is therefore an
-# optimisation result (no induction circuit yet), not a capacity limit; its curves show it.
+# One point of every (task, architecture, width) costs at most 4,473 s; the grid runs each six
+# times (3 rates in stage (a), 3 seeds in stage (b)): at most 26,838 s = 7.5 core-hours, less
+# where a model reaches 99 % and stops early (attention, the hybrids, conv_attention). Run it in
+# slices with --resume (one thread), or fan it out with --backend ray.
 PILOT_WORST_SECONDS = {                   # (seq_len, n_pairs, architecture, d_model): the table above
-    (64, 8, "attention", 16): 131, (64, 8, "attention", 32): 56,
-    (64, 8, "sliding_window", 16): 59, (64, 8, "sliding_window", 32): 54,
-    (64, 8, "linear_attention", 32): 33, (64, 8, "linear_attention", 64): 61,
-    (64, 8, "mamba", 32): 146, (64, 8, "mamba", 64): 387,
-    (64, 8, "hybrid", 16): 69, (64, 8, "hybrid", 32): 115,
-    (64, 8, "conv_attention", 16): 36, (64, 8, "conv_attention", 32): 61,
-    (64, 8, "hybrid_deep", 16): 152, (64, 8, "hybrid_deep", 32): 240,
-    (128, 16, "attention", 16): 108, (128, 16, "attention", 32): 148,
-    (128, 16, "sliding_window", 16): 130, (128, 16, "sliding_window", 32): 131,
-    (128, 16, "linear_attention", 32): 69, (128, 16, "linear_attention", 64): 117,
-    (128, 16, "mamba", 32): 222, (128, 16, "mamba", 64): 457,
-    (128, 16, "hybrid", 16): 90, (128, 16, "hybrid", 32): 151,
-    (128, 16, "conv_attention", 16): 46, (128, 16, "conv_attention", 32): 69,
-    (128, 16, "hybrid_deep", 16): 199, (128, 16, "hybrid_deep", 32): 378,
+    (64, 8, "attention", 32): 68, (64, 8, "attention", 64): 51,
+    (64, 8, "sliding_window", 32): 31, (64, 8, "sliding_window", 64): 51,
+    (64, 8, "linear_attention", 64): 51, (64, 8, "linear_attention", 128): 123,
+    (64, 8, "mamba", 32): 92, (64, 8, "mamba", 64): 186,
+    (64, 8, "hybrid", 32): 59, (64, 8, "hybrid", 64): 117,
+    (64, 8, "conv_attention", 32): 28, (64, 8, "conv_attention", 64): 54,
+    (64, 8, "hybrid_deep", 32): 143, (64, 8, "hybrid_deep", 64): 302,
+    (128, 16, "attention", 32): 72, (128, 16, "attention", 64): 115,
+    (128, 16, "sliding_window", 32): 82, (128, 16, "sliding_window", 64): 126,
+    (128, 16, "linear_attention", 64): 107, (128, 16, "linear_attention", 128): 251,
+    (128, 16, "mamba", 32): 210, (128, 16, "mamba", 64): 472,
+    (128, 16, "hybrid", 32): 151, (128, 16, "hybrid", 64): 274,
+    (128, 16, "conv_attention", 32): 61, (128, 16, "conv_attention", 64): 115,
+    (128, 16, "hybrid_deep", 32): 341, (128, 16, "hybrid_deep", 64): 740,
 }
 GRID_WIDTHS = {
-    "attention": {(64, 8): (16, 32), (128, 16): (16, 32)},
-    "sliding_window": {(64, 8): (16, 32), (128, 16): (16, 32)},
-    "linear_attention": {(64, 8): (32, 64), (128, 16): (32, 64)},
+    "attention": {(64, 8): (32, 64), (128, 16): (32, 64)},
+    "sliding_window": {(64, 8): (32, 64), (128, 16): (32, 64)},
+    "linear_attention": {(64, 8): (64, 128), (128, 16): (64, 128)},
     "mamba": {(64, 8): (32, 64), (128, 16): (32, 64)},
-    "hybrid": {(64, 8): (16, 32), (128, 16): (16, 32)},
-    "conv_attention": {(64, 8): (16, 32), (128, 16): (16, 32)},
-    "hybrid_deep": {(64, 8): (16, 32), (128, 16): (16, 32)},
+    "hybrid": {(64, 8): (32, 64), (128, 16): (32, 64)},
+    "conv_attention": {(64, 8): (32, 64), (128, 16): (32, 64)},
+    "hybrid_deep": {(64, 8): (32, 64), (128, 16): (32, 64)},
 }
 
 
