@@ -21,7 +21,8 @@ of the test prompts is recorded per layer.
 ``--weights`` retrains the selective arm at its chosen rate with each seed (training is
 deterministic at one thread) and writes the three models' weights to ``selective_copy.pt``.
 :func:`ablated_accuracy` evaluates a shipped model with the token-dependence of Δ, B or C removed
-in one layer (each replaced by its mean over the prompt): the chapter's test of which layer selects.
+in one layer (each replaced by its running mean over the prompt so far, which keeps the model causal): the
+chapter's test of which layer selects.
 """
 from __future__ import annotations
 
@@ -140,12 +141,14 @@ SELECTION_PARTS = ("delta", "B", "C")
 def frozen_to_mean(model: MambaLM, parts=("delta",), layers=None):
     r"""An ablation: inside the ``with`` block, the chosen selection inputs of a layer stop depending on the token.
 
-    Each of ``parts`` ("delta", "B", "C") of every mixer in ``layers`` (0-based; None: all) is replaced by
-    its mean over the L positions of each prompt: Δ_t (b, L, d_inner), after the bias and the softplus, by
-    its per-channel mean (the mixer is handed softplus⁻¹(mean Δ) − b_Δ, so that its softplus gives the
-    mean back); B_t and C_t (b, L, n) by their mean vectors. Everything else runs as trained. Within a
-    prompt the layer then writes and decays with the same Δ, B, C at every token (its selection through
-    that part removed), while the prompt as a whole still sets their values.
+    Each of ``parts`` ("delta", "B", "C") of every mixer in ``layers`` (0-based; None: all) is replaced at
+    position t by its causal running mean over positions s ≤ t of the same prompt,
+    m_t = (1/(t+1)) Σ_{s≤t} v_s: Δ_t (b, L, d_inner), after the bias and the softplus, per channel (the
+    mixer is handed softplus⁻¹(m_t) − b_Δ, so that its softplus gives m_t back); B_t and C_t (b, L, n)
+    per state. Everything else runs as trained. The layer then no longer writes or decays more on one
+    token than on the next by that token's content (its selection through that part removed), while the
+    prompt so far still sets the values, and nothing reads a later position: the ablated model stays
+    causal, so its accuracy is one a causal model could reach.
     """
     unknown = set(parts) - set(SELECTION_PARTS)
     if unknown or isinstance(parts, str):
@@ -156,7 +159,8 @@ def frozen_to_mean(model: MambaLM, parts=("delta",), layers=None):
     def freeze(mixer, original):
         def ssm_inputs(x):
             dt, B, C = original(x)                                 # (b, L, d_inner), (b, L, n) twice
-            mean = lambda t: t.mean(-2, keepdim=True).expand_as(t)   # noqa: E731
+            count = torch.arange(1, x.shape[-2] + 1, dtype=x.dtype, device=x.device)[:, None]
+            mean = lambda t: t.cumsum(-2) / count                    # noqa: E731  (b, L, ·)
             if "delta" in parts:
                 delta = mean(F.softplus(dt + mixer.dt_proj.bias))
                 dt = delta + torch.log(-torch.expm1(-delta)) - mixer.dt_proj.bias
@@ -173,7 +177,7 @@ def frozen_to_mean(model: MambaLM, parts=("delta",), layers=None):
 
 
 def ablated_accuracy(model: MambaLM, prompts, parts=("delta",), layers=None) -> float:
-    """:func:`accuracy` with ``parts`` of ``layers`` frozen to their per-prompt mean (:func:`frozen_to_mean`)."""
+    """:func:`accuracy` with ``parts`` of ``layers`` frozen to their causal running mean (:func:`frozen_to_mean`)."""
     with frozen_to_mean(model, parts, layers):
         return accuracy(model, prompts)
 
