@@ -309,7 +309,7 @@ def test_rates_are_selected_on_validation_only():
     results = [_fake_result(p) for p in scan]
     selected = lab.select_rates(results)
     # attention: 3e-3 and 1e-2 both reach 0.99, 3e-3 got there in fewer steps; mamba: the best val
-    assert selected[(64, 8, "attention", 16)] == 3e-3 and selected[(64, 8, "mamba", 64)] == 1e-2
+    assert selected[(64, 8, "attention", 32)] == 3e-3 and selected[(64, 8, "mamba", 64)] == 1e-2
     results.append({**results[0], "stage": "seeds", "val_accuracy": 1.0, "lr": 1e-3})   # never a seeds run
     assert lab.select_rates(results) == selected
     points = lab.seed_points(selected)
