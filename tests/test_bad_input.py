@@ -27,6 +27,7 @@ from attnlab import (
     moe, nsa, numerics, objectives, position_models, positional, quant, rglru, ring, scaling, schedules, sparse,
     s4d, speculative, ssd, ssm, tasks, tradeoff, train,
 )
+from attnlab import recall
 
 # Modules that compute no tensors of their own (figures, widgets, quiz banks, timing, command-line sweeps).
 EXCLUDED_MODULES = {
@@ -504,6 +505,11 @@ BAD = {
                                 (lambda: tasks.selective_copying(2, n_noise=0), "n_noise")],
     "tasks.power_law_gaps": [(lambda: tasks.power_law_gaps(0), "space"),
                              (lambda: tasks.power_law_gaps(8, -1.0), "power_a")],
+    # recall (chapter 13)
+    "recall.as_zoology_batch": [(lambda: recall.as_zoology_batch(torch.zeros(2, 8)), "batch"),
+                                (lambda: recall.as_zoology_batch(tasks.mqar(2, 4, n_queries=2)), "batch")],
+    "recall.window_ceiling": [(lambda: recall.window_ceiling(0, 8), "n_pairs"),
+                              (lambda: recall.window_ceiling(8, 8, n_values=0), "n_values")],
     # tradeoff, train
     "tradeoff.forms": [(lambda: tradeoff.forms(-1), "window")],
     "tradeoff.make_inputs": [(lambda: tradeoff.make_inputs(0), "n")],

@@ -471,3 +471,43 @@ def test_parallel_scan_levels_and_combines_are_those_of_hillis_steele(length):
     assert {"0", *(f"0–{t}" for t in range(1, length))} <= set(top)   # every node ends covering 0…t
     with pytest.raises(ValueError, match="length"):
         diagrams.parallel_scan(1)
+
+
+@pytest.mark.parametrize("n_pairs,seq_len,vocab,seed", [(4, 24, 64, 2), (2, 8, 16, 0), (8, 32, 100, 5)])
+def test_mqar_prompt_draws_the_library_prompt(n_pairs, seq_len, vocab, seed):
+    from attnlab.tasks import mqar_zoology
+    batch = mqar_zoology(1, n_pairs, seq_len, vocab=vocab, seed=seed)
+    dia = diagrams.mqar_prompt(n_pairs, seq_len, vocab, seed)
+    root, texts = _svg(dia), _texts(dia)
+    numbers = [t for t in texts if t.isdigit()]
+    asked = batch.targets[0] != -100
+    row, answers = batch.inputs[0].tolist(), batch.targets[0][asked].tolist()
+    assert numbers == [str(t) for t in row + answers]                # the row, then the targets
+    arcs = [p for p in root.iter(NS + "path") if p.get("class") == "mqar-arc"]
+    assert len(arcs) == n_pairs and all(p.get("stroke") == diagrams.GREEN for p in arcs)
+    assert [t for t in texts if re.fullmatch(r"g\d+", t)] == [f"g{s + 1}" for s in range((seq_len - 2 * n_pairs) // 2)]
+    for j, g in enumerate(batch.gaps[0].tolist()):
+        assert f"pair {j + 1} in slot g = {g} (position {2 * n_pairs + 2 * (g - 1)})" in dia.desc
+    with pytest.raises(ValueError, match="mqar_prompt"):
+        diagrams.mqar_prompt(4, 12)
+
+
+@pytest.mark.parametrize("sizes", [dict(d_model=32, seq_len=32),
+                                   dict(d_model=64, seq_len=128, n_heads=4, window=16, d_state=8),
+                                   dict(d_model=16, seq_len=4, window=8, expand=1)])
+def test_mixer_states_prints_the_library_state_sizes(sizes):
+    from attnlab.hybrid import HybridConfig, HybridLM, LayerSpec
+    dia = diagrams.mixer_states(**sizes)
+    texts = _texts(dia)
+    config = HybridConfig(vocab=8, **{k: v for k, v in sizes.items() if k != "seq_len"})
+    config.n_heads = sizes.get("n_heads", 2)
+    config.d_state = sizes.get("d_state", 16)
+    for kinds in [("attention",) * 2, ("local_attention",) * 2, ("linear_attention",) * 2, ("mamba",) * 2,
+                  ("mamba", "attention")]:
+        with torch.device("meta"):
+            total = HybridLM([LayerSpec(k) for k in kinds], config).state_size(sizes["seq_len"])
+        assert f"model: {total:,}" in texts
+    assert len([t for t in texts if t.startswith("model: ")]) == 5
+    assert "Only attention's state grows with the length." in dia.desc
+    with pytest.raises(ValueError, match="mixer_states"):
+        diagrams.mixer_states(30, 32, 4)

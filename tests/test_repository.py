@@ -166,6 +166,7 @@ PATTERN_CHAPTERS = [
     "10_state_space_models",
     "11_mamba",
     "12_hybrid_architectures",
+    "13_recall_lab",
     "14_frontiers",
 ]
 CODE_COLUMN = 88  # characters that fit the book's code column at a 1280-px window

@@ -17,7 +17,7 @@ code the tests check. One module per idea:
                          (``python -m attnlab.experiments.mqar``: the recall lab, chapter 13)
     Also: blocks, schedules, scaling, icl, tasks, train, models, kv_cache, objectives, grokking,
     diff_attention, flash, sparse, linear, ssm, s4d, ssd, hybrid, moe, rglru, hyena, mla, ring, speculative,
-    nsa, quant, mod (one module per idea; see the design notes).
+    nsa, quant, mod, recall (one module per idea; see the design notes).
 
 Shape letters (the same glossary is on the book's notation page):
 

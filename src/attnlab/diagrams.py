@@ -2392,3 +2392,192 @@ def parallel_scan(length: int = 8) -> Diagram:
 
 
 ALL += [parallel_scan]
+
+
+# ----------------------------------------------------------------------------- chapter 13: the recall lab
+
+def mqar_prompt(n_pairs: int = 4, seq_len: int = 24, vocab: int = 64, seed: int = 2) -> Diagram:
+    """One of Zoology's MQAR prompts, drawn from :func:`attnlab.tasks.mqar_zoology` (power-law gaps).
+
+    The row holds the prompt's tokens: the pairs k v (keys blue, values orange), then the tail,
+    whose even offsets are the gap slots g1, g2, …; pair j's key is asked again in slot g_j
+    (green outline) and every other tail token is random filler (grey, dashed; it may repeat a
+    key and asks nothing). Under each query sits its target, the value bound to its key, and an
+    arc joins the query to that value: the lookup a model must make.
+    """
+    from .tasks import mqar_zoology
+
+    if not (isinstance(n_pairs, int) and isinstance(seq_len, int) and isinstance(vocab, int)
+            and 1 <= n_pairs <= 8 and seq_len % 2 == 0 and 4 * n_pairs <= seq_len <= 32
+            and 2 * n_pairs + 2 <= vocab <= 100):
+        raise ValueError(f"mqar_prompt: needs 1 <= n_pairs <= 8, seq_len even in [4 n_pairs, 32] and "
+                         f"2 n_pairs + 2 <= vocab <= 100, got n_pairs={n_pairs!r}, seq_len={seq_len!r}, "
+                         f"vocab={vocab!r}")
+    batch = mqar_zoology(1, n_pairs, seq_len, vocab=vocab, seed=seed)
+    tokens, targets = batch.inputs[0].tolist(), batch.targets[0].tolist()
+    gaps = batch.gaps[0].tolist()
+    P, L = n_pairs, seq_len
+    asked = {2 * P + 2 * (g - 1): j for j, g in enumerate(gaps)}              # position -> pair
+    W, x0 = 780, 20
+    cell = (W - 2 * x0) / L
+    lift = {pos: 24 + 0.32 * (pos - 2 * j - 1) * cell for pos, j in asked.items()}
+    row_y, row_h = 62 + max(lift.values()), 40
+    ty = row_y + row_h + 44
+    H = int(ty + 44 + 70)
+    order = ", ".join(f"pair {j + 1} in slot g = {g} (position {2 * P + 2 * (g - 1)})" for j, g in enumerate(gaps))
+    dr = Drawing(_name("mqar_prompt", P, L, vocab, seed), W, H,
+                 f"An MQAR prompt as Zoology defines it: {P} pairs in {L} tokens",
+                 f"A row of {L} tokens (vocabulary {vocab}, seed {seed}). Positions 0 to {2 * P - 1} hold {P} "
+                 f"key-value pairs: keys from the lower half of the vocabulary, values from the upper half, "
+                 f"none repeated. The tail, positions {2 * P} to {L - 1}, has {(L - 2 * P) // 2} slots at its even "
+                 f"offsets, gap g = 1, 2, and so on. Each key is asked once more, at a gap drawn from a power law "
+                 f"that favours small gaps: {order}. The other tail tokens are random filler. Under each query "
+                 f"sits its target, the value that followed the same key in the pairs; an arc joins the query "
+                 f"to that value.")
+    dr.text(x0, 22, f"the pairs: positions 0–{2 * P - 1}", 15, anchor="start", weight="600")
+    dr.text(x0 + 2 * P * cell + 6, 22, f"the tail: {(L - 2 * P) // 2} gap slots, a query at each drawn gap",
+            15, anchor="start", weight="600")
+    for pos, j in sorted(asked.items()):                                      # the lookups, above the row
+        xa, xq = x0 + (2 * j + 1.5) * cell, x0 + (pos + 0.5) * cell
+        top = row_y - 4 - 1.33 * lift[pos]
+        dr.parts.append(f'<path d="M{_n(xq)},{_n(row_y - 4)} C{_n(xq)},{_n(top)} {_n(xa)},{_n(top)} '
+                        f'{_n(xa)},{_n(row_y - 4)}" fill="none" stroke="{GREEN}" stroke-width="2" '
+                        f'marker-end="url(#{dr._marker(GREEN)})" class="mqar-arc"/>')
+    for t, tok in enumerate(tokens):
+        x = x0 + t * cell
+        if t < 2 * P:
+            color, fill = (BLUE, 0.3) if t % 2 == 0 else (ORANGE, 0.35)
+            dr.rect(x + 1.5, row_y, cell - 3, row_h, color, fill, rx=4, width=1.2)
+        elif t in asked:
+            dr.rect(x + 1.5, row_y, cell - 3, row_h, BLUE, 0.3, stroke=GREEN, rx=4, width=3)
+        else:
+            dr.rect(x + 1.5, row_y, cell - 3, row_h, INK, 0.06, rx=4, width=1.2, dashed=True)
+        dr.text(x + cell / 2, row_y + row_h / 2, str(tok), 13, weight="600" if t < 2 * P or t in asked else None)
+    for s in range((L - 2 * P) // 2):                                         # gap-slot labels
+        dr.text(x0 + (2 * P + 2 * s + 0.5) * cell, row_y + row_h + 16, f"g{s + 1}", 13,
+                weight="600" if s + 1 in gaps else None)
+    dr.text(x0, ty + 15, "target", 14, anchor="start", weight="600")
+    for t, y in enumerate(targets):
+        if y != -100:
+            x = x0 + t * cell
+            dr.rect(x + 1.5, ty, cell - 3, 30, ORANGE, 0.35, rx=4)
+            dr.text(x + cell / 2, ty + 15, str(y), 13, weight="600")
+    dr.text(x0, H - 44, "blue: key · orange: value · green outline: a key asked again (a query) · "
+            "dashed grey: random filler", 14, anchor="start")
+    dr.text(x0, H - 20, "scored only at the queries: the next token must be the value bound to that key", 14,
+            anchor="start")
+    return dr.diagram()
+
+
+def mixer_states(d_model: int = 32, seq_len: int = 32, n_heads: int = 2, window: int = 8,
+                 d_state: int = 16, expand: int = 2) -> Diagram:
+    """What each two-layer model of the recall lab keeps per sequence at inference, to one scale.
+
+    One column per model (attention, sliding window, linear attention, Mamba, the Mamba +
+    attention hybrid), drawing one layer's state as the matrices it holds, every number the same
+    area: attention's K and V, L × d each (a row more per token); the window's last w rows of its
+    one K/V head; linear attention's S (d_h × d_h) and z (d_h) per head; Mamba's d_inner × n SSM
+    state and the d_inner × (d_conv − 1) inputs of its convolution. The counts are
+    :meth:`attnlab.hybrid.HybridLM.state_size` of the models, built for these sizes (the global
+    random state is left as it was).
+    """
+    from .hybrid import HybridConfig, HybridLM, LayerSpec
+
+    sizes = dict(d_model=d_model, seq_len=seq_len, n_heads=n_heads, window=window, d_state=d_state,
+                 expand=expand)
+    for name, v in sizes.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"mixer_states: {name} must be a positive int, got {v!r}")
+    if d_model % n_heads or d_model > 128 or seq_len > 256 or d_state > 64 or expand > 4:
+        raise ValueError(f"mixer_states: needs d_model divisible by n_heads, d_model <= 128, seq_len <= 256, "
+                         f"d_state <= 64 and expand <= 4, got {sizes}")
+    config = HybridConfig(vocab=8, d_model=d_model, n_heads=n_heads, window=window, d_state=d_state,
+                          expand=expand)
+    kinds = {"attention": ("attention", "attention"), "sliding window": ("local_attention", "local_attention"),
+             "linear attention": ("linear_attention", "linear_attention"), "Mamba": ("mamba", "mamba"),
+             "hybrid": ("mamba", "attention")}
+    # small models, built on the CPU (the meta device's first use costs seconds); the RNG is kept
+    with torch.random.fork_rng(devices=[]):
+        total = {name: HybridLM([LayerSpec(k) for k in ks], config).state_size(seq_len)
+                 for name, ks in kinds.items()}
+        one = {k: HybridLM([LayerSpec(k)], config) for k in ("attention", "local_attention", "linear_attention",
+                                                             "mamba")}
+    d_conv = one["mamba"].layers[0].mixer.config.d_conv
+    one = {k: m.state_size(seq_len) for k, m in one.items()}
+    d_h, d_inner, kept = d_model // n_heads, expand * d_model, min(seq_len, window)
+    W, col, top = 800, 156, 122
+    s = max(0.5, min(2.0, 64 / d_model, 150 / max(d_inner, seq_len), 240 / (d_inner + seq_len)))
+    H = int(top + s * (d_inner + seq_len) + 90 + 150)
+
+    def px(v):
+        return max(2.0, v * s)
+
+    def matrix(x, y, rows, cols, color, label="", grow=False):
+        dr.rect(x, y, px(cols), px(rows), color, 0.3, rx=2)
+        if label:
+            dr.text(x + px(cols) / 2, y + px(rows) + 12, label, 13)
+        if grow:
+            dr.rect(x, y + px(rows) + 24, px(cols), 10, color, 0.08, rx=2, dashed=True)
+        return y + px(rows) + (42 if grow else 26)
+
+    def attention_layer(cx, y):
+        matrix(cx + 3, y, seq_len, d_model, VERMILLION, "V", grow=True)
+        return matrix(cx - px(d_model) - 3, y, seq_len, d_model, VERMILLION, "K", grow=True)
+
+    def mamba_layer(cx, y):
+        matrix(cx + 4, y, d_inner, d_conv - 1, SKY)
+        dr.text(cx + 4 + px(d_conv - 1) + 4, y + px(d_inner) / 2, "conv", 13, anchor="start", rotate=90)
+        return matrix(cx - px(d_state) - 4, y, d_inner, d_state, BLUE, "h")
+
+    dr = Drawing(_name("mixer_states", d_model, seq_len, n_heads, window, d_state, expand), W, H,
+                 f"The state each two-layer model keeps per sequence (d = {d_model}, L = {seq_len})",
+                 f"Five columns, one per model, each drawing what one of its layers keeps between tokens at "
+                 f"inference, every number the same area. Attention keeps K and V, {seq_len} × {d_model} each, "
+                 f"one row more per token: {one['attention']:,} numbers per layer, {total['attention']:,} for the "
+                 f"model. The sliding window keeps the last {kept} rows of one K/V head of width {d_h}: "
+                 f"{one['local_attention']:,} per layer, {total['sliding window']:,} in all. Linear attention "
+                 f"keeps S, {d_h} × {d_h}, and z, {d_h}, per head for {n_heads} heads: "
+                 f"{one['linear_attention']:,} per layer, {total['linear attention']:,} in all. Mamba keeps a "
+                 f"{d_inner} × {d_state} state and the last {d_conv - 1} inputs of its convolution: "
+                 f"{one['mamba']:,} per layer, {total['Mamba']:,} in all. The hybrid has one Mamba layer and one "
+                 f"attention layer: {total['hybrid']:,}. Only attention's state grows with the length.")
+    look = {"attention": (VERMILLION, "2 L d", f"K, V: {seq_len} × {d_model}\n+ 1 row per token", f"{one['attention']:,}"),
+            "sliding window": (ORANGE, "2 w d_{h}", f"K, V: {kept} × {d_h}\none K/V head", f"{one['local_attention']:,}"),
+            "linear attention": (GREEN, "h (d_{h}² + d_{h})", f"S: {d_h} × {d_h}, z: {d_h}\nper head, {n_heads} heads",
+                                 f"{one['linear_attention']:,}"),
+            "Mamba": (BLUE, "d_{inner}(n + d_{conv} − 1)", f"h: {d_inner} × {d_state}\nconv: {d_inner} × {d_conv - 1}",
+                      f"{one['mamba']:,}"),
+            "hybrid": (PURPLE, "Mamba, then attention", "one layer\nof each",
+                       f"{one['mamba']:,} + {one['attention']:,}")}
+    for i, (name, (color, formula, shapes, per_layer)) in enumerate(look.items()):
+        cx = 16 + col * i + col / 2
+        dr.rect(cx - col / 2 + 4, 30, col - 8, 62, color, 0.12, rx=6)
+        dr.text(cx, 48, name, 15, weight="600")
+        dr.text(cx, 74, formula, 13)
+        if name == "attention":
+            attention_layer(cx, top)
+        elif name == "sliding window":
+            matrix(cx - px(d_h) - 3, top, kept, d_h, ORANGE, "K")
+            matrix(cx + 3, top, kept, d_h, ORANGE, "V")
+        elif name == "linear attention":
+            y = top
+            for hd in range(n_heads):
+                if y + px(d_h) > H - 170:
+                    dr.text(cx, y + 8, f"… {n_heads} heads", 13)
+                    break
+                matrix(cx - px(d_h) / 2 - 5, y, d_h, d_h, GREEN, f"S{_sub(hd + 1)}")
+                y = matrix(cx + px(d_h) / 2 + 1, y, d_h, 1, GREEN)
+        elif name == "Mamba":
+            mamba_layer(cx, top)
+        else:
+            attention_layer(cx, mamba_layer(cx, top) + 4)
+        dr.text(cx, H - 148, shapes, 13)
+        dr.text(cx, H - 116, f"{per_layer} per layer" if name != "hybrid" else per_layer, 14)
+        dr.text(cx, H - 92, f"model: {total[name]:,}", 15, weight="600")
+    dr.text(W / 2, H - 52, f"one layer per column, every number the same area; dashed: the row K and V "
+            f"gain per token (L = {seq_len} here)", 14)
+    dr.text(W / 2, H - 28, "the window's, linear attention's and Mamba's states stay this size at any length", 14)
+    return dr.diagram()
+
+
+ALL += [mqar_prompt, mixer_states]
