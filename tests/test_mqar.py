@@ -70,11 +70,15 @@ class Oracle(torch.nn.Module):
         return logits
 
 
-def test_recall_accuracy_is_one_for_an_oracle_and_chance_for_a_constant():
+def test_recall_accuracy_is_one_for_an_oracle_zero_for_a_key_and_the_share_of_a_constant_value():
     b = mqar(16, 6, seed=1)
     assert lab.recall_accuracy(Oracle(b.vocab), b.inputs, b.targets) == 1.0
     constant = lambda tokens: torch.zeros(*tokens.shape, b.vocab)          # always predicts token 0, a key
     assert lab.recall_accuracy(constant, b.inputs, b.targets) == 0.0
+    value = int(b.targets[b.query_mask][0])                                # always predicts one value
+    always = lambda tokens: torch.nn.functional.one_hot(torch.full_like(tokens, value), b.vocab).float()
+    share = b.targets[b.query_mask].eq(value).double().mean().item()       # about 1/64 for a random value
+    assert abs(lab.recall_accuracy(always, b.inputs, b.targets) - share) < 1e-6 and share > 0
 
 
 def test_models_are_causal_with_learned_positions():

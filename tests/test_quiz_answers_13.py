@@ -53,3 +53,12 @@ def test_13_window_ceiling_w6():
     ceiling = window_ceiling(8, 6, n_layers=2, n_values=64)
     assert window_ceiling(8, 8) > ceiling > window_ceiling(8, 6, n_layers=1)
     accepts("13-window-ceiling-w6", ceiling)
+
+
+def test_13_shortcut_elimination_distinct():
+    from attnlab.recall import expected_mode_accuracy, shortcut_baselines
+    P = 6
+    distinct = shortcut_baselines(P, n_values=10**12)              # values effectively never repeat
+    assert abs(distinct["prompt"] - 1 / P) < 1e-9
+    assert all(abs(expected_mode_accuracy(n, 10**12) - 1 / n) < 1e-9 for n in range(1, P + 1))
+    accepts("13-shortcut-elimination-distinct", distinct["unasked"])

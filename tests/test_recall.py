@@ -1,10 +1,14 @@
-"""The recall lab's helpers: the simplified MQAR as a Zoology batch, and a window's recall ceiling."""
+"""The recall lab's helpers: the simplified MQAR as a Zoology batch, a window's recall ceiling, the
+shortcut baselines and accuracy by query slot."""
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 from attnlab.experiments.mqar import recall_profile
-from attnlab.recall import as_zoology_batch, window_ceiling
+from attnlab.recall import (
+    accuracy_by_slot, as_zoology_batch, expected_mode_accuracy, shortcut_accuracy, shortcut_baselines,
+    window_ceiling,
+)
 from attnlab.tasks import mqar, mqar_zoology
 
 
@@ -67,3 +71,99 @@ def test_the_window_ceiling_is_the_counted_share_within_reach():
     distance = torch.arange(16, 32, 2) - simple.answer_positions()
     share = (distance <= 16).double().mean().item()
     assert abs(share + (1 - share) / 64 - window_ceiling(8, 8)) < 0.01
+
+
+def _brute_shortcut(batch, rule):
+    """Count by hand, per prompt and query: which values are most frequent, and is the answer one."""
+    P = int(batch.query_mask[0].nonzero()[0]) // 2
+    out = []
+    for row in batch.inputs.tolist():
+        keys, values, queries = row[0:2 * P:2], row[1:2 * P:2], row[2 * P::2]
+        answers, scores = row[2 * P + 1::2], []
+        for i, answer in enumerate(answers):
+            counted = [v for k, v in zip(keys, values) if rule == "prompt" or k not in queries[:i]]
+            counts = {v: counted.count(v) for v in set(counted)}
+            modes = [v for v, c in counts.items() if c == max(counts.values())]
+            scores.append((answer in modes) / len(modes))
+        out.append(scores)
+    return torch.tensor(out, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("rule", ["prompt", "unasked"])
+@pytest.mark.parametrize("n_pairs, n_values, seed", [(1, 4, 0), (4, 3, 1), (6, 4, 2), (8, 64, 3), (5, 2, 4)])
+def test_each_shortcut_equals_a_count_by_hand(rule, n_pairs, n_values, seed):
+    batch = mqar(200, n_pairs, n_keys=16, n_values=n_values, seed=seed)
+    assert torch.allclose(shortcut_accuracy(batch, rule), _brute_shortcut(batch, rule), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n, n_values", [(1, 5), (2, 3), (3, 4), (4, 3), (5, 2)])
+def test_the_expected_mode_accuracy_equals_an_enumeration_of_every_draw(n, n_values):
+    import itertools
+    total = 0.0
+    for draw in itertools.product(range(n_values), repeat=n):
+        counts = [draw.count(v) for v in range(n_values)]
+        modes = [v for v in range(n_values) if counts[v] == max(counts)]
+        total += sum((a in modes) / len(modes) for a in draw) / n     # the answer: any of the n, equally
+    assert abs(expected_mode_accuracy(n, n_values) - total / n_values ** n) < 1e-12
+
+
+def test_the_staircase_and_its_distinct_value_limits():
+    s = shortcut_baselines(8)
+    assert s["chance"] < s["prompt"] < s["unasked"] < s["recall"] == 1.0
+    assert s["unasked_by_slot"][-1] == 1.0 and s["unasked_by_slot"][0] == s["prompt"]
+    assert abs(s["prompt"] - 0.1724) < 1e-4 and abs(s["unasked"] - 0.3651) < 1e-4
+    # distinct values: 1/P and H_P / P
+    wide = shortcut_baselines(8, n_values=10**9)
+    assert abs(wide["prompt"] - 1 / 8) < 1e-6
+    assert abs(wide["unasked"] - sum(1 / n for n in range(1, 9)) / 8) < 1e-6
+    # a large batch lands near the expectation
+    batch = mqar(20_000, 8, seed=5)
+    assert abs(shortcut_accuracy(batch, "prompt").mean().item() - s["prompt"]) < 0.01
+    by_slot = shortcut_accuracy(batch, "unasked").mean(0)
+    assert (by_slot - torch.tensor(s["unasked_by_slot"], dtype=torch.float64)).abs().max() < 0.02
+
+
+class Eliminator(torch.nn.Module):
+    """Binds nothing: at each query, one-hot on the most frequent value among the pairs not yet asked."""
+
+    def __init__(self, n_pairs: int, vocab: int):
+        super().__init__()
+        self.n_pairs, self.vocab = n_pairs, vocab
+
+    def forward(self, tokens):
+        P, b = self.n_pairs, tokens.shape[0]
+        keys, values = tokens[:, 0:2 * P:2], tokens[:, 1:2 * P:2]
+        guess = torch.zeros_like(tokens)
+        for i in range(P):
+            asked = (keys.unsqueeze(-1) == tokens[:, 2 * P:2 * P + 2 * i:2].unsqueeze(1)).any(-1)
+            count = torch.zeros(b, self.vocab).scatter_add_(1, values, (~asked).float())
+            guess[:, 2 * P + 2 * i] = count.argmax(-1)
+        return torch.nn.functional.one_hot(guess, self.vocab).float()
+
+
+def test_an_eliminator_climbs_by_slot_and_is_flat_by_pairs_back():
+    P = 8
+    batch = mqar(4000, P, seed=6)
+    model = Eliminator(P, batch.vocab)
+    by_slot = accuracy_by_slot(model, batch)
+    expected = torch.tensor(shortcut_baselines(P)["unasked_by_slot"], dtype=torch.float64)
+    assert (by_slot - expected).abs().max() < 0.03 and by_slot[-1] == 1.0
+    back = torch.tensor(recall_profile(model, as_zoology_batch(batch))["pairs_back"]["accuracy"])
+    assert back.max() - back.min() < 0.05                     # the recency profile cannot see it
+    assert torch.equal(accuracy_by_slot(model(batch.inputs).argmax(-1), batch), by_slot)
+
+
+def test_accuracy_by_slot_of_an_oracle_is_one_and_bad_batches_are_refused():
+    batch = mqar(50, 4, seed=7)
+    assert accuracy_by_slot(Oracle(4, 4, batch.vocab), batch).tolist() == [1.0] * 4
+    with pytest.raises(TypeError, match="batch must be an MQARBatch"):
+        accuracy_by_slot(Oracle(4, 4, 128), mqar_zoology(4, 4, 32, vocab=64))
+    with pytest.raises(ValueError, match="model must give"):
+        accuracy_by_slot(torch.zeros(50, 3, dtype=torch.long), batch)
+    with pytest.raises(ValueError, match="rule must be"):
+        shortcut_accuracy(batch, "mode")
+
+
+def test_recall_profile_names_the_conversion_for_a_simplified_batch():
+    with pytest.raises(TypeError, match="as_zoology_batch"):
+        recall_profile(Oracle(4, 4, 128), mqar(8, 4, seed=0))

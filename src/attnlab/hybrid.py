@@ -631,6 +631,7 @@ class HybridLM(nn.Module):
         """Numbers one sequence keeps between tokens at inference after ``seq_len`` tokens, all layers:
         K and V of every past token for attention (of the last w for local attention: token t + 1
         reads them and its own), the fixed state otherwise."""
+        _checks.ints("HybridLM.state_size", minimum=0, seq_len=seq_len)
         c, total = self.config, 0
         for layer in self.layers:
             kind = layer.spec.mixer

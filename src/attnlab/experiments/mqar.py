@@ -100,7 +100,9 @@ def recall_accuracy(model: HybridLM, inputs: torch.Tensor, targets: torch.Tensor
 
 def run_point(point: PointConfig, *, progress: bool = False, return_model: bool = False):
     """Train one model on MQAR and return what the sweep records (a JSON-ready dict), and the
-    trained model if ``return_model``."""
+    trained model if ``return_model``. ``accuracy`` is the best of the evaluations on the held-out
+    prompts that also decide when training stops (an optimistic, selected estimate), and the model
+    returned is the one at the end of training, not the one that scored it."""
     _keep_freed_memory()
     torch.manual_seed(point.seed)
     model = build_model(point)
@@ -312,6 +314,10 @@ def recall_profile(model, batch) -> dict:
     (k = 1 the last pair written), k = 1 … n_pairs, every prompt asking each k once. ``distance``:
     accuracy by tokens from the key to its query, in octaves [lo, hi), with the count of queries.
     """
+    if not hasattr(batch, "query_positions"):
+        raise TypeError(f"recall_profile: batch must be a ZoologyMQARBatch (attnlab.tasks.mqar_zoology); "
+                        f"for the simplified prompts of attnlab.tasks.mqar pass "
+                        f"attnlab.recall.as_zoology_batch(batch), got {type(batch).__name__}")
     positions = batch.query_positions()                                   # (b, P), pair j's query
     right = _predict(model, batch.inputs).gather(1, positions) == batch.targets.gather(1, positions)
     distance = positions - 2 * torch.arange(batch.n_pairs)
