@@ -58,9 +58,12 @@ def test_merge_of_two_halves_is_the_whole():
     merged, lse = merge_partials(*parts)
     assert torch.allclose(merged, scaled_dot_product_attention(q, k, v))
     assert torch.allclose(lse, torch.logsumexp(q @ k.transpose(-2, -1) / 2, -1))
-    empty = torch.full((1, 1, 10), float("inf"), dtype=torch.float64)
-    same, same_lse = merge_partials(torch.zeros_like(merged), empty, merged, lse)      # +inf = saw no key
-    assert torch.equal(same, merged) and torch.equal(same_lse, lse)
+    for mark in (float("-inf"), float("inf")):                  # log 0 = saw no key (+inf accepted)
+        empty = torch.full((1, 1, 10), mark, dtype=torch.float64)
+        same, same_lse = merge_partials(torch.zeros_like(merged), empty, merged, lse)
+        assert torch.equal(same, merged) and torch.equal(same_lse, lse)
+        both, both_lse = merge_partials(torch.zeros_like(merged), empty, torch.zeros_like(merged), empty)
+        assert torch.equal(both, torch.zeros_like(merged)) and torch.isneginf(both_lse).all()
 
 
 def test_ring_schedule_and_costs():
@@ -308,7 +311,10 @@ def test_lineage_graph_draws_nodes_and_forward_edges():
     nodes = [{"name": "A", "year": 2017, "family": "x"}, {"name": "B", "year": 2019, "family": "x"},
              {"name": "C", "year": 2019, "family": "y", "note": "paper"}]
     fig = viz.lineage_graph(nodes, [("A", "B"), ("A", "C")])
-    assert len(fig.data) == 2 and len(fig.layout.annotations) == 2
+    arrows = [a for a in fig.layout.annotations if a.showarrow]
+    assert len(fig.data) == 2 and len(arrows) == 2
+    rows = [y for trace in fig.data for y in trace.y]
+    assert len(set(rows)) == len(rows) == 3                              # one row per method
     assert sorted(fig.data[0].text) == ["A", "B"]
     with pytest.raises(ValueError, match="points back in time"):
         viz.lineage_graph(nodes, [("B", "A")])
@@ -399,6 +405,14 @@ def test_speculative_bench_file_is_consistent():
         assert 1 <= p["tokens_per_pass"] <= p["gamma"] + 1
         assert p["tokens"] == p["accepted"] + p["steps"]            # one correction or bonus per pass
         assert p["alpha"] == pytest.approx(p["accepted"] / (p["accepted"] + p["rejected"]))
+        seeds = p["per_seed"]                                       # the totals are the seeds' sums
+        assert len(seeds) == data["seeds"]
+        for key in ("steps", "accepted", "rejected", "tokens", "spec_cpu_s", "plain_cpu_s",
+                    "plain_target_cpu_s", "plain_target_calls"):
+            assert p[key] == pytest.approx(sum(r[key] for r in seeds)), key
+        for r in seeds:
+            assert r["plain_target_calls"] == r["tokens"]               # plain: one call per token
+            assert 0 < r["plain_target_cpu_s"] < r["plain_cpu_s"]
 
 
 def test_speculative_bench_smoke_runs():
@@ -410,3 +424,4 @@ def test_speculative_bench_smoke_runs():
     point = run_gamma(target, draft, corpus, 2, n_prompts=1, seeds=1, new_tokens=12)
     assert point["tokens"] == 12 == point["accepted"] + point["steps"]
     assert point["target_calls"] == point["steps"] and point["draft_calls"] <= 2 * point["steps"]
+    assert point["plain_target_calls"] == 12 and len(point["per_seed"]) == 1

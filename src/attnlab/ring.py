@@ -33,7 +33,8 @@ def merge_partials(
     r"""Merge two attention results over disjoint key sets into the result over their union.
 
     Each part is normalised over its own keys and carries its log-sum-exp
-    :math:`\ell = \log\sum_j e^{s_j}` (+inf marks a row that saw no key):
+    :math:`\ell = \log\sum_j e^{s_j}` (a row that saw no key has :math:`\ell = \log 0 = -\infty`, the
+    merge's identity, as in chapter 7; +inf is accepted as the same mark):
 
     .. math:: \ell = \log(e^{\ell_a} + e^{\ell_b}), \qquad
               O = e^{\ell_a - \ell}\,O_a + e^{\ell_b - \ell}\,O_b
@@ -56,7 +57,7 @@ def merge_partials(
     weight_a = torch.exp(a - safe).unsqueeze(-1)
     weight_b = torch.exp(b - safe).unsqueeze(-1)
     out = weight_a * out_a + weight_b * out_b
-    return out, torch.where(both_empty, torch.full_like(lse, float("inf")), lse)
+    return out, torch.where(both_empty, torch.full_like(lse, float("-inf")), lse)
 
 
 def ring_schedule(n_devices: int) -> list[list[int]]:
@@ -110,7 +111,7 @@ def ring_attention(
     outputs = []
     for device, q_i in enumerate(q_blocks):
         out = q_i.new_zeros(*q_i.shape[:-1], v.shape[-1])
-        lse = q_i.new_full(q_i.shape[:-1], float("inf"))
+        lse = q_i.new_full(q_i.shape[:-1], float("-inf"))      # log 0: no key seen yet
         for step in range(n_devices):
             j = (device - step) % n_devices   # the block this device holds at this step
             if causal and j > device:

@@ -317,23 +317,28 @@ def mask_gallery(masks: Mapping[str, object], *, cols: int | None = None) -> go.
 
 def lineage_graph(nodes: Sequence[Mapping], edges: Sequence[tuple[str, str]], *,
                   title: str = "Lineage of the methods in this book") -> go.Figure:
-    """Methods as points on a timeline (x = year, one row per family), edges as arrows.
+    """Methods as points on a timeline (x = year), edges as arrows; one row per method.
 
     nodes: dicts with "name", "year", "family" and optional "note" (shown on hover);
-    edges: (parent name, child name). Clicking a family in the legend hides it; an edge whose
-    child is later than its parent points forward in time (a ValueError says otherwise).
+    edges: (parent name, child name). Each family is a band of rows, one row per method in
+    order of year, with the family's name above the band, so no two labels share a row. A
+    label sits beside its marker, to the right in the first half of the years and to the left
+    in the second, so it stays inside the plot at phone width; the note shows on hover. An edge
+    whose child is later than its parent points forward in time (a ValueError says otherwise).
     """
     by_name = {node["name"]: node for node in nodes}
     families = list(dict.fromkeys(node["family"] for node in nodes))
-    row = {fam: i for i, fam in enumerate(families)}
-    groups: dict[tuple, list[str]] = {}
-    for node in sorted(nodes, key=lambda nd: nd["name"]):
-        groups.setdefault((node["family"], node["year"]), []).append(node["name"])
-    pos = {}
-    for (fam, year), names in groups.items():                     # same family and year: stack vertically
-        for k, name in enumerate(names):
-            pos[name] = (year, row[fam] + (k - (len(names) - 1) / 2) * 0.3)
-    colors = PALETTE + ["#e377c2", "#bcbd22", "#7f7f7f"]
+    pos, band_top, y = {}, {}, 0.0
+    for fam in families:                                          # one row per method, a gap per band
+        band_top[fam] = y
+        y += 1.1
+        for node in sorted((nd for nd in nodes if nd["family"] == fam), key=lambda nd: (nd["year"], nd["name"])):
+            pos[node["name"]] = (node["year"], y)
+            y += 1.0
+        y += 0.3
+    years = [nd["year"] for nd in nodes]
+    middle = (min(years) + max(years)) / 2
+    colors = [c for c in PALETTE if c != "#000000"] + ["#888888", "#bcbd22", "#e377c2"]   # no black: dark mode
     fig = go.Figure()
     annotations = []
     for parent, child in edges:
@@ -344,24 +349,26 @@ def lineage_graph(nodes: Sequence[Mapping], edges: Sequence[tuple[str, str]], *,
         (x0, y0), (x1, y1) = pos[parent], pos[child]
         annotations.append(dict(x=x1, y=y1, ax=x0, ay=y0, xref="x", yref="y", axref="x", ayref="y", text="",
                                 showarrow=True, arrowhead=2, arrowsize=1, arrowwidth=1, arrowcolor="#9a9a9a",
-                                standoff=6, startstandoff=6))
+                                opacity=0.6, standoff=5, startstandoff=5))
     for i, fam in enumerate(families):
         members = [nd for nd in nodes if nd["family"] == fam]
+        color = colors[i % len(colors)]
         fig.add_trace(go.Scatter(
             x=[pos[nd["name"]][0] for nd in members], y=[pos[nd["name"]][1] for nd in members],
-            mode="markers+text", name=fam, text=[nd["name"] for nd in members], textposition="top center",
-            marker=dict(size=10, color=colors[i % len(colors)]), textfont=dict(size=10),
+            mode="markers+text", name=fam, text=[nd["name"] for nd in members],
+            textposition=["middle right" if nd["year"] <= middle else "middle left" for nd in members],
+            marker=dict(size=9, color=color), textfont=dict(size=11), cliponaxis=False,
             customdata=[[nd["year"], nd.get("note", "")] for nd in members],
             hovertemplate="<b>%{text}</b> (%{customdata[0]})<br>%{customdata[1]}<extra></extra>",
         ))
-    years = [nd["year"] for nd in nodes]
+        annotations.append(dict(x=0, xref="paper", y=band_top[fam] + 0.35, yref="y", text=f"<b>{fam}</b>",
+                                showarrow=False, xanchor="left", font=dict(size=11, color=color)))
     fig.update_layout(
-        title=dict(text=title), height=170 + 95 * len(families), annotations=annotations,
-        xaxis=dict(title=dict(text="year of first publication (preprint)"), dtick=1,
-                   range=[min(years) - 0.6, max(years) + 0.9]),
-        yaxis=dict(tickvals=list(range(len(families))), ticktext=families, showgrid=False,
-                   range=[len(families) - 0.45, -0.65]),
-        legend=dict(orientation="h", y=-0.12),
+        title=dict(text=title, y=0.995, yanchor="top"), height=int(160 + 17 * y), annotations=annotations,
+        margin=dict(l=10, r=10, t=80, b=40),            # years on top; the title above them
+        xaxis=dict(dtick=2, side="top", range=[min(years) - 0.4, max(years) + 0.4]),
+        yaxis=dict(visible=False, range=[y, -0.4]),
+        showlegend=False,
     )
     return fig
 

@@ -8,8 +8,10 @@ shipped ``target`` and ``draft`` micro-GPTs (:func:`attnlab.experiments.microgpt
 For every γ the run records, summed over the prompts and ``SEEDS`` seeds:
 the drafts accepted and rejected (α = accepted / examined), the target passes ("steps"), the
 tokens per target pass, the CPU time spent inside the target's and the draft's forward calls
-during speculative sampling (the rest is the verify step and Python), and the time of speculative sampling against plain sampling from the
-target, both without a KV cache (``speculative_generate`` has none). Time is measured twice:
+during speculative sampling (the rest is the verify step and Python), the CPU time inside the
+target's calls during plain sampling (the rest is its own sampling and Python), and the time of
+speculative sampling against plain sampling from the target, both without a KV cache
+(``speculative_generate`` has none). The same quantities are stored per seed (``"per_seed"``). Time is measured twice:
 wall time, and the CPU time of the decoding thread (``time.thread_time``), which a busy
 machine does not inflate. The ``"pair"`` point records the cost ratio c (draft forward time /
 target forward time at the lengths decoding uses), the models' validation losses, and the
@@ -57,9 +59,12 @@ class _Clocked:
     def __init__(self, model):
         self.model, self.calls, self.cpu = model, 0, 0.0
 
-    def __call__(self, ids):
+    def __getattr__(self, name):                 # config, eval(), train(), ... of the model
+        return getattr(self.model, name)
+
+    def __call__(self, ids, **kwargs):
         start = time.thread_time()
-        out = self.model(ids)
+        out = self.model(ids, **kwargs)
         self.cpu += time.thread_time() - start
         self.calls += 1
         return out
@@ -99,36 +104,49 @@ def measure_pair(target, draft, corpus, *, windows: int = 64, repeats: int = 30)
 @torch.no_grad()
 def run_gamma(target, draft, corpus, gamma: int, *, n_prompts: int = PROMPTS, seeds: int = SEEDS,
               new_tokens: int = NEW_TOKENS) -> dict:
-    """Counts and times of speculative sampling with ``gamma`` drafts against plain sampling."""
-    totals = {"steps": 0, "accepted": 0, "rejected": 0, "tokens": 0}
-    time_spec = [0.0, 0.0]
-    time_plain = [0.0, 0.0]
-    clocked_target, clocked_draft = _Clocked(target), _Clocked(draft)
+    """Counts and times of speculative sampling with ``gamma`` drafts against plain sampling.
+
+    Totals over all seeds, and the same quantities per seed under ``"per_seed"`` (each seed
+    continues every prompt once), so that the spread over seeds can be shown.
+    """
+    keys = ("steps", "accepted", "rejected", "tokens", "plain_wall_s", "spec_wall_s", "plain_cpu_s",
+            "spec_cpu_s", "spec_target_cpu_s", "spec_draft_cpu_s", "plain_target_cpu_s",
+            "target_calls", "draft_calls", "plain_target_calls")
+    per_seed = []
     for seed in range(seeds):
+        row = dict.fromkeys(keys, 0)
+        clocked_target, clocked_draft, clocked_plain = _Clocked(target), _Clocked(draft), _Clocked(target)
         for i, prompt in enumerate(prompts(corpus, n_prompts)):
             g = torch.Generator().manual_seed(1000 * seed + i)
             (_, stats), w, c = _timed(lambda: speculative_generate(clocked_target, clocked_draft, prompt, new_tokens,
                                                                    gamma=gamma,
                                                                    generator=g))
-            time_spec[0] += w
-            time_spec[1] += c
+            row["spec_wall_s"] += w
+            row["spec_cpu_s"] += c
             for key in ("steps", "accepted", "rejected"):
-                totals[key] += stats[key]
-            totals["tokens"] += new_tokens
+                row[key] += stats[key]
+            row["tokens"] += new_tokens
             gp = torch.Generator().manual_seed(1000 * seed + i)
-            _, w, c = _timed(lambda: generate(target, prompt, new_tokens, use_cache=False, generator=gp))
-            time_plain[0] += w
-            time_plain[1] += c
+            _, w, c = _timed(lambda: generate(clocked_plain, prompt, new_tokens, use_cache=False, generator=gp))
+            row["plain_wall_s"] += w
+            row["plain_cpu_s"] += c
+        row.update(spec_target_cpu_s=clocked_target.cpu, spec_draft_cpu_s=clocked_draft.cpu,
+                   plain_target_cpu_s=clocked_plain.cpu, target_calls=clocked_target.calls,
+                   draft_calls=clocked_draft.calls, plain_target_calls=clocked_plain.calls)
+        row["alpha"] = row["accepted"] / max(row["accepted"] + row["rejected"], 1)
+        row["speedup_cpu"] = row["plain_cpu_s"] / row["spec_cpu_s"]
+        row["speedup_wall"] = row["plain_wall_s"] / row["spec_wall_s"]
+        per_seed.append(row)
+    totals = {key: sum(r[key] for r in per_seed) for key in keys}
     alpha = totals["accepted"] / max(totals["accepted"] + totals["rejected"], 1)
     return {"point": f"gamma={gamma}", "gamma": gamma, **totals, "alpha": alpha,
             "tokens_per_pass": totals["tokens"] / totals["steps"],
             "formula_tokens_per_pass": expected_tokens_per_step(alpha, gamma),
-            "plain_wall_s": time_plain[0], "spec_wall_s": time_spec[0],
-            "plain_cpu_s": time_plain[1], "spec_cpu_s": time_spec[1],
-            "speedup_wall": time_plain[0] / time_spec[0], "speedup_cpu": time_plain[1] / time_spec[1],
-            "spec_target_cpu_s": clocked_target.cpu, "spec_draft_cpu_s": clocked_draft.cpu,
-            "target_calls": clocked_target.calls, "draft_calls": clocked_draft.calls,
-            "cost_ratio_in_run": (clocked_draft.cpu / clocked_draft.calls) / (clocked_target.cpu / clocked_target.calls)}
+            "speedup_wall": totals["plain_wall_s"] / totals["spec_wall_s"],
+            "speedup_cpu": totals["plain_cpu_s"] / totals["spec_cpu_s"],
+            "cost_ratio_in_run": (totals["spec_draft_cpu_s"] / totals["draft_calls"])
+            / (totals["spec_target_cpu_s"] / totals["target_calls"]),
+            "per_seed": per_seed}
 
 
 def summary(data: dict) -> list[dict]:
@@ -138,7 +156,10 @@ def summary(data: dict) -> list[dict]:
     for p in sorted((p for p in data["points"] if p["point"] != "pair"), key=lambda p: p["gamma"]):
         rows.append({"γ": p["gamma"], "α": p["alpha"], "tokens / pass": p["tokens_per_pass"],
                      "formula": p["formula_tokens_per_pass"],
-                     "speed-up (CPU time)": p["speedup_cpu"], "speed-up (wall)": p["speedup_wall"],
+                     "speed-up (CPU time)": p["speedup_cpu"],
+                     "seed min": min((r["speedup_cpu"] for r in p.get("per_seed", [])), default=float("nan")),
+                     "seed max": max((r["speedup_cpu"] for r in p.get("per_seed", [])), default=float("nan")),
+                     "speed-up (wall)": p["speedup_wall"],
                      "predicted, measured c": expected_speedup(p["alpha"], p["gamma"], pair["cost_ratio_cpu"])})
     return rows
 
