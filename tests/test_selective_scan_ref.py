@@ -104,6 +104,17 @@ def test_every_method_equals_the_reference_port(b, d_per_group, groups, n, lengt
     assert (last - ref_last).abs().max().item() < 1e-10 * (1 + ref_last.abs().max().item())
 
 
+def _gradients(fn, tensors, **extra):
+    """Gradients of every input of ``fn`` (u, delta, A, B, C, D, z, delta_bias) for a fixed weighting
+    of the output plus the last state's squared norm."""
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    out, last = fn(*leaves[:5], D=leaves[5], z=leaves[6], delta_bias=leaves[7], delta_softplus=True,
+                   return_last_state=True, **extra)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=F64).view(out.shape)
+    ((out * weight).sum() + last.square().sum()).backward()
+    return [t.grad for t in leaves]
+
+
 @settings(max_examples=12, deadline=None)
 @given(b=st.integers(1, 2), d_per_group=st.integers(1, 3), groups=st.integers(1, 3), n=st.integers(1, 5),
        length=st.integers(1, 15).map(lambda v: 2 * v - 1), layout_B=st.sampled_from(LAYOUTS),
@@ -116,16 +127,8 @@ def test_every_method_has_the_gradients_of_the_reference_port(b, d_per_group, gr
     args, kw = make(b, d, n, length, layout_B=layout_B, layout_C=layout_C, groups=groups, seed=seed)
     tensors = [*args, kw["D"], kw["z"], kw["delta_bias"]]
 
-    def grads(fn, **extra):
-        leaves = [t.clone().requires_grad_() for t in tensors]
-        out, last = fn(*leaves[:5], D=leaves[5], z=leaves[6], delta_bias=leaves[7], delta_softplus=True,
-                       return_last_state=True, **extra)
-        weight = torch.linspace(-1, 1, out.numel(), dtype=F64).view(out.shape)
-        ((out * weight).sum() + last.square().sum()).backward()
-        return [t.grad for t in leaves]
-
-    ref = grads(selective_scan_ref_port, upcast=F64)
-    got = grads(selective_scan, method=method, chunk=chunk)
+    ref = _gradients(selective_scan_ref_port, tensors, upcast=F64)
+    got = _gradients(selective_scan, tensors, method=method, chunk=chunk)
     for name, g, r in zip("u delta A B C D z delta_bias".split(), got, ref):
         assert g.shape == r.shape and (g - r).abs().max().item() < 1e-9 * (1 + r.abs().max().item()), name
 
@@ -137,16 +140,8 @@ def test_gradients_equal_the_reference_port_for_every_layout(layout, method):
     args, kw = make(2, 6, 5, 23, layout_B=layout, layout_C=layout, groups=3, seed=11)
     tensors = [*args, kw["D"], kw["z"], kw["delta_bias"]]
 
-    def run(fn, **extra):
-        leaves = [t.clone().requires_grad_() for t in tensors]
-        out, last = fn(*leaves[:5], D=leaves[5], z=leaves[6], delta_bias=leaves[7], delta_softplus=True,
-                       return_last_state=True, **extra)
-        weight = torch.linspace(-1, 1, out.numel(), dtype=F64).view(out.shape)
-        ((out * weight).sum() + last.square().sum()).backward()
-        return [t.grad for t in leaves]
-
-    ref = run(selective_scan_ref_port, upcast=F64)
-    got = run(selective_scan, method=method, chunk=4)
+    ref = _gradients(selective_scan_ref_port, tensors, upcast=F64)
+    got = _gradients(selective_scan, tensors, method=method, chunk=4)
     for name, g, r in zip("u delta A B C D z delta_bias".split(), got, ref):
         assert g.shape == r.shape and (g - r).abs().max().item() < 1e-9 * (1 + r.abs().max().item()), name
 
