@@ -12,14 +12,9 @@ entropy along training and the held-out MSE.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import asdict, dataclass
-from importlib import resources
-from pathlib import Path
-
-import torch
 
 from ..moe import load_entropy, toy_routing_run
 from . import _sweep
@@ -79,13 +74,7 @@ def load(name: str = DATA_FILE) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="one short run, nothing written")
-    parser.add_argument("--resume", action="store_true", help="keep the runs already in --out")
-    parser.add_argument("--out", type=Path,
-                        default=Path(str(resources.files("attnlab").joinpath("data", DATA_FILE))))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    args = _sweep.sweep_args(__doc__.split("\n\n")[0], DATA_FILE, argv)
     points = ([PointConfig(0.0, steps=20)] if args.smoke
               else [PointConfig(a, lr, s) for a in ALPHAS for lr in LRS for s in SEEDS])
     command = "python -m attnlab.experiments.moe_routing" + "".join(
