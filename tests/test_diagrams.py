@@ -511,3 +511,13 @@ def test_mixer_states_prints_the_library_state_sizes(sizes):
     assert "Only attention's state grows with the length." in dia.desc
     with pytest.raises(ValueError, match="mixer_states"):
         diagrams.mixer_states(30, 32, 4)
+
+
+def test_grid_protocol_prints_the_grid_settings():
+    from attnlab.experiments.mqar import GRID_LRS, TEST_SEEDS, GridPoint
+
+    texts = _texts(diagrams.grid_protocol())
+    g = GridPoint("attention", 32)
+    assert [t for t in texts if t.startswith("lr ")] == [f"lr {lr:g}" for lr in GRID_LRS]
+    assert [t for t in texts if t.startswith("seed ")] == [f"seed {s}" for s in TEST_SEEDS]
+    assert f"{g.val_size} fixed prompts" in texts and f"{g.test_size:,} fixed prompts" in texts

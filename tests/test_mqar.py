@@ -346,6 +346,19 @@ def test_grid_runs_the_scan_first_then_seeds_and_resumes(tmp_path, monkeypatch):
         lab.run_grid(scan, None, backend="dask")
 
 
+def test_seed_summary_counts_only_complete_configurations():
+    scan = lab.scan_points(("attention", "mamba"), ((64, 8),))
+    selected = lab.select_rates([_fake_result(p) for p in scan])
+    runs = [{**_fake_result(p), "task": "L64 P8", "state_size": 10, "solved": p.seed == 1,
+             "test_accuracy": 0.1 * p.seed} for p in lab.seed_points(selected)]
+    runs = [r for r in runs if not (r["architecture"] == "mamba" and r["d_model"] == 64 and r["seed"] == 3)]
+    rows = lab.seed_summary(runs)
+    assert [(r["architecture"], r["d_model"]) for r in rows] == [("attention", 32), ("attention", 64), ("mamba", 32)]
+    first = rows[0]
+    assert first["test"] == pytest.approx([0.1, 0.2, 0.3]) and first["mean"] == pytest.approx(0.2)
+    assert (first["min"], first["max"], first["solved"], first["lr"]) == (pytest.approx(0.1), pytest.approx(0.3), 1, 3e-3)
+
+
 def test_grid_command_line_rejects_a_bad_task(capsys):
     with pytest.raises(SystemExit):
         lab.main(["grid", "--tasks", "64by8"])
@@ -366,14 +379,15 @@ def test_a_diverging_point_is_recorded_not_raised(monkeypatch):
 
 @pytest.mark.skipif(not (lab.resources.files("attnlab") / "data" / lab.GRID_FILE).is_file(),
                     reason="the grid has not been run yet")
-def test_shipped_grid_matches_the_code_that_made_it():
-    grid = lab.load_grid()
+@pytest.mark.parametrize("name", [lab.GRID_FILE, "mqar_grid_l128_scan.json"])
+def test_shipped_grid_matches_the_code_that_made_it(name):
+    grid = lab.load_grid(name)
     assert grid["command"].startswith("python -m attnlab.experiments.mqar grid")
     assert {"torch", "machine", "date", "val_seed", "test_seed"} <= set(grid)
     default = {lab._grid_key(p) for p in lab.scan_points()}
     for r in grid["points"]:
         point = lab.GridPoint(**{f.name: r[f.name] for f in fields(lab.GridPoint)})
-        if r["stage"] == "scan":
+        if r["stage"] == "scan" and name == lab.GRID_FILE:
             assert lab._grid_key(point) in default
         model = lab.build_grid_model(point)
         assert r["state_size"] == model.state_size(point.seq_len)
@@ -382,3 +396,7 @@ def test_shipped_grid_matches_the_code_that_made_it():
         assert r["solved"] == (r["val_accuracy"] >= point.solved_at)
         assert abs(r["val_accuracy"] - max(r["curve"]["val_accuracy"])) < 1e-4
         assert len(r["pairs_back"]["accuracy"]) == point.n_pairs
+    selected = lab.select_rates(grid["points"])
+    for r in grid["points"]:
+        if r["stage"] == "seeds":          # every seeds run at the rate the scan selects
+            assert r["lr"] == selected[(r["seq_len"], r["n_pairs"], r["architecture"], r["d_model"])]

@@ -62,3 +62,12 @@ def test_13_shortcut_elimination_distinct():
     assert abs(distinct["prompt"] - 1 / P) < 1e-9
     assert all(abs(expected_mode_accuracy(n, 10**12) - 1 / n) < 1e-9 for n in range(1, P + 1))
     accepts("13-shortcut-elimination-distinct", distinct["unasked"])
+
+
+def test_13_window_reach_zoology_l32():
+    from attnlab.tasks import mqar_zoology
+    P, L = 8, 32
+    batch = mqar_zoology(4096, n_pairs=P, seq_len=L, vocab=256, seed=4)
+    distance = batch.query_positions() - 2 * torch.arange(P) - 1          # value to query
+    assert batch.query_positions().max() == L - 2 and distance.min() >= 1
+    accepts("13-window-reach-zoology-l32", int(distance.max()))

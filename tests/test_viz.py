@@ -66,6 +66,18 @@ def test_line_slider_switches_x_and_y_of_every_series():
     assert fig.data[1].mode == "markers"
 
 
+def test_spread_slider_draws_each_spread_and_switches_it():
+    steps = [{"a": ([1, 2], [0.5, 0.6], [0.4, 0.6], [0.7, 0.9]), "chance": ([1, 2], [0.1, 0.1])},
+             {"a": ([3, 4], [0.2, 0.3], [0.1, 0.3], [0.2, 0.5]), "chance": ([3, 4], [0.1, 0.1])}]
+    fig = viz.spread_slider(steps, ["s0", "s1"], ["T0", "T1"], x_title="x", y_title="y", references=["chance"])
+    bar = fig.data[0].error_y
+    assert list(bar.array) == pytest.approx([0.2, 0.3]) and list(bar.arrayminus) == pytest.approx([0.1, 0.0])
+    assert fig.data[1].line.dash == "dash" and not fig.data[1].error_y.visible
+    data, layout, traces = fig.layout.sliders[0].steps[1].args
+    assert list(data["x"][0]) == [3, 4] and list(data["error_y"][0]["array"]) == pytest.approx([0.0, 0.2])
+    assert layout["title.text"] == "T1" and list(traces) == [0, 1]
+
+
 def test_tile_replay_moves_the_outline():
     w = torch.full((2, 4, 4), float("nan"))
     w[0, :2, :2], w[1, :2] = 0.5, 0.25

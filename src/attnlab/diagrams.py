@@ -2581,3 +2581,55 @@ def mixer_states(d_model: int = 32, seq_len: int = 32, n_heads: int = 2, window:
 
 
 ALL += [mqar_prompt, mixer_states]
+
+
+def grid_protocol() -> Diagram:
+    """The recall grid's protocol, from :mod:`attnlab.experiments.mqar`'s settings: three sets of
+    prompts (fresh training prompts, a fixed validation set, a fixed test set) and two stages. Stage
+    (a) trains each configuration at every rate of ``GRID_LRS`` with ``SCAN_SEED``; validation
+    stops a run, keeps its best weights and selects the rate. Stage (b) trains each of
+    ``TEST_SEEDS`` at that rate, with the same stopping, and scores the kept weights once on the
+    test set, which decides nothing.
+    """
+    from .experiments.mqar import GRID_LRS, SCAN_SEED, TEST_SEEDS, GridPoint
+
+    g = GridPoint("attention", 32)
+    W, H, left, mid = 720, 400, 20, 270
+    dr = Drawing(_name("grid_protocol", GRID_LRS, TEST_SEEDS, g.val_size, g.test_size), W, H,
+                 "The recall grid: a rate scan, then seeds scored on a test set",
+                 f"Training prompts are fresh at every step. {g.val_size} fixed validation prompts, scored "
+                 f"every {g.eval_every} steps, stop a run at {g.solved_at:.0%}, keep its best weights and, in "
+                 f"stage (a), choose among {len(GRID_LRS)} learning rates trained with seed {SCAN_SEED}. Stage "
+                 f"(b) trains seeds {', '.join(map(str, TEST_SEEDS))} at the chosen rate, and each run's kept "
+                 f"weights are scored once on {g.test_size:,} test prompts, which choose nothing.")
+    sets = [("training prompts", f"fresh every step, batch {g.batch}", SKY),
+            ("validation", f"{g.val_size} fixed prompts", ORANGE),
+            ("test", f"{g.test_size:,} fixed prompts", GREEN)]
+    for i, (label, sub, color) in enumerate(sets):
+        dr.box(left, 40 + i * 120, 200, 70, label, sub, color, size=16, fill_opacity=0.25)
+    dr.text(left, 20, "three sets of prompts", 14, anchor="start", weight="600")
+    stages = [(20, f"stage (a): every rate, seed {SCAN_SEED}", [f"lr {lr:g}" for lr in GRID_LRS],
+               "choose the rate: best validation accuracy"),
+              (210, f"stage (b): seeds {', '.join(map(str, TEST_SEEDS))} at that rate",
+               [f"seed {s}" for s in TEST_SEEDS], "score once on test: mean, lowest to highest")]
+    for y, title, runs, outcome in stages:
+        dr.rect(mid, y, W - mid - 20, 170, INK, 0.04, rx=8)
+        dr.text(mid + 14, y + 22, title, 15, anchor="start", weight="600")
+        width = (W - mid - 20 - 28 - 2 * 12) / len(runs)
+        for i, run in enumerate(runs):
+            dr.box(mid + 14 + i * (width + 12), y + 42, width, 50, run,
+                   f"≤ {g.steps:,} steps", PURPLE, size=15)
+        dr.text(mid + (W - mid - 20) / 2, y + 120, f"validation every {g.eval_every} steps: stop at "
+                                                 f"{g.solved_at:.0%}, keep the best weights", 13)
+        dr.text(mid + (W - mid - 20) / 2, y + 148, outcome, 14, weight="600")
+    dr.arrow((left + 200, 75), (mid - 4, 75), color=SKY, width=2)
+    dr.arrow((left + 200, 75), (mid - 4, 262), color=SKY, width=2)
+    dr.arrow((left + 200, 195), (mid - 4, 140), color=ORANGE, width=2)
+    dr.arrow((left + 200, 195), (mid - 4, 330), color=ORANGE, width=2)
+    dr.arrow((left + 200, 315), (mid - 4, 358), color=GREEN, width=2)
+    dr.text(W / 2, H - 12, "nothing is chosen on the test prompts, so their accuracy is not inflated by the "
+                           "choices", 13, italic=True)
+    return dr.diagram()
+
+
+ALL += [grid_protocol]

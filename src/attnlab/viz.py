@@ -161,6 +161,51 @@ def line_slider(
     return fig
 
 
+def spread_slider(
+    steps: Sequence[Mapping[str, tuple]], labels: Sequence[str], titles: Sequence[str], *, x_title: str,
+    y_title: str, prefix: str = "", log_x: bool = False, references: Sequence[str] = (), active: int = 0,
+    height: int = 480, y_range: tuple[float, float] | None = None,
+) -> go.Figure:
+    """Means with their spread, whose data a kernel-free slider switches between ``steps``.
+
+    Each step maps a series name to ``(x, mean, low, high)`` (a point's ``low``..``high`` drawn as
+    an error bar around its mean, e.g. the min and max over seeds) or, for the names in
+    ``references``, to ``(x, y)``: a grey dashed line with no spread. Every step names the same
+    series.
+    """
+    names = list(steps[0])
+    greys = ["#888888", "#aaaaaa", "#666666", "#bbbbbb"]
+
+    def trace_data(name, values):
+        if name in references:
+            x, y = values
+            return {"x": _np(x), "y": _np(y), "error_y": dict(visible=False)}
+        x, mean, low, high = (_np(v) for v in values)
+        return {"x": x, "y": mean, "error_y": dict(type="data", symmetric=False, array=high - mean,
+                                                   arrayminus=mean - low, visible=True, thickness=1.5, width=5)}
+
+    fig = go.Figure()
+    for name in names:
+        d = trace_data(name, steps[active][name])
+        ref = name in references
+        fig.add_trace(go.Scatter(x=d["x"], y=d["y"], error_y=d["error_y"], name=name,
+                                 mode="lines" if ref else "lines+markers",
+                                 line=dict(dash="dash", color=greys[references.index(name) % 4]) if ref else {}))
+    slider_steps = []
+    for step, t in zip(steps, titles):
+        data = [trace_data(nm, step[nm]) for nm in names]
+        slider_steps.append([{k: [d[k] for d in data] for k in ("x", "y", "error_y")}, {"title.text": t},
+                             list(range(len(names)))])
+    fig.update_layout(
+        title=dict(text=titles[active]), height=height,
+        xaxis=dict(title=dict(text=x_title), type="log" if log_x else "linear"),
+        yaxis=dict(title=dict(text=y_title), range=list(y_range) if y_range else None),
+    )
+    if len(steps) > 1:
+        fig.update_layout(sliders=[_slider(labels, slider_steps, prefix, active)])
+    return fig
+
+
 def saturation_explorer(
     x, metrics: Mapping[str, object], example_rows, *, x_title: str, x_symbol: str,
     log_x: bool = True, dashed: Sequence[str] = (), title: str = "",

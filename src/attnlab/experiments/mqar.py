@@ -189,14 +189,14 @@ GRID_ARCHITECTURES = {
     "conv_attention": ("short_conv", "attention"),       # the hybrid with Mamba's scan taken out
     "hybrid_deep": ("mamba", "mamba", "mamba", "attention"),   # r = 1/4
 }
-GRID_TASKS = ((64, 8), (128, 16))          # (seq_len, n_pairs)
+GRID_TASKS = ((32, 8), (64, 8))            # (seq_len, n_pairs): the length axis at 8 pairs
 GRID_LRS = (1e-3, 3e-3, 1e-2)
 SCAN_SEED = 0
 TEST_SEEDS = (1, 2, 3)
 VAL_SEED, TEST_SEED = 2_000_000_011, 3_000_000_019     # far from every training batch's seed
 GRID_FILE = "mqar_grid.json"
 # Two widths per mixer and task size, chosen to bracket each one's transition, and sized by the
-# pilot to about 7.5 core-hours at worst.
+# pilot to fit the session's compute.
 #
 # Why these widths (probes of 2026-11-25, x86_64, 2 cpus, torch 2.13, one thread; two-layer
 # attention on L = 64, P = 8, vocabulary 256, random filler, 1,000 steps, best validation
@@ -210,11 +210,26 @@ GRID_FILE = "mqar_grid.json"
 # grid brackets it there; the other mixers' brackets follow the L = 32 sweep (linear attention
 # and Mamba reach recall only near d = 128 there) within the budget.
 #
+# Why L = 32 and 64 (both P = 8), not 128: the first grid took L = 128 with P = 16 as its
+# second task. Its scan (24 points, attention, window, linear attention and Mamba, shipped as
+# mqar_grid_l128_scan.json) found nothing above 0.08 within the 1,000-step cap, so it could not
+# separate the mixers. Probes at L = 64 with other pair counts (lr at each model's best at P = 8)
+# did no better: P = 4 kept attention at 1/P (d = 32: 0.255, d = 64: 0.249), P = 16 at 0.100
+# (d = 64). A prompt of P = 8 pairs in 32 tokens has every tail slot a query, the setting the
+# d = 32 model solves, so the length axis at P = 8 is the one the cap can resolve.
+#
 # The pilot (`python -m attnlab.experiments.mqar grid --pilot`, 2026-11-25, same machine, a
-# second job on the other core): seconds per step at batch 32, and the worst case of one point
-# (1,000 steps, 10 validations, the test), in seconds:
+# second job on the other core for L = 64, none for L = 32): seconds per step at batch 32, and
+# the worst case of one point (1,000 steps, 10 validations, the test), in seconds:
 #
 #   task       architecture       d   s/step  point      d   s/step  point
+#   L32 P8     attention         32   0.085*    85      64   0.038     38
+#              sliding_window    32   0.023     23      64   0.033     33
+#              linear_attention  64   0.035     36     128   0.080     82
+#              mamba             64   0.148    151     128   0.338    344
+#              hybrid            32   0.048     49      64   0.088     90
+#              conv_attention    32   0.020     20      64   0.038     38
+#              hybrid_deep       32   0.118    120      64   0.218    222
 #   L64 P8     attention         32   0.068*    68      64   0.050     51
 #              sliding_window    32   0.030     31      64   0.050     51
 #              linear_attention  64   0.050     51     128   0.120    123
@@ -222,20 +237,20 @@ GRID_FILE = "mqar_grid.json"
 #              hybrid            32   0.058     59      64   0.115    117
 #              conv_attention    32   0.028     28      64   0.053     54
 #              hybrid_deep       32   0.140    143      64   0.295    302
-#   L128 P16   attention         32   0.070     72      64   0.113    115
-#              sliding_window    32   0.080     82      64   0.123    126
-#              linear_attention  64   0.105    107     128   0.245    251
-#              mamba             32   0.205    210      64   0.453    472
-#              hybrid            32   0.148    151      64   0.263    274
-#              conv_attention    32   0.060     61      64   0.113    115
-#              hybrid_deep       32   0.333    341      64   0.708    740
 #   (* the first point, timed while the process warmed up)
 #
-# One point of every (task, architecture, width) costs at most 4,473 s; the grid runs each six
-# times (3 rates in stage (a), 3 seeds in stage (b)): at most 26,838 s = 7.5 core-hours, less
+# One point of every (task, architecture, width) costs at most 2,687 s; the grid runs each six
+# times (3 rates in stage (a), 3 seeds in stage (b)): at most 16,122 s = 4.5 core-hours, less
 # where a model reaches 99 % and stops early (attention, the hybrids, conv_attention). Run it in
 # slices with --resume (one thread), or fan it out with --backend ray.
 PILOT_WORST_SECONDS = {                   # (seq_len, n_pairs, architecture, d_model): the table above
+    (32, 8, "attention", 32): 85, (32, 8, "attention", 64): 38,
+    (32, 8, "sliding_window", 32): 23, (32, 8, "sliding_window", 64): 33,
+    (32, 8, "linear_attention", 64): 36, (32, 8, "linear_attention", 128): 82,
+    (32, 8, "mamba", 64): 151, (32, 8, "mamba", 128): 344,
+    (32, 8, "hybrid", 32): 49, (32, 8, "hybrid", 64): 90,
+    (32, 8, "conv_attention", 32): 20, (32, 8, "conv_attention", 64): 38,
+    (32, 8, "hybrid_deep", 32): 120, (32, 8, "hybrid_deep", 64): 222,
     (64, 8, "attention", 32): 68, (64, 8, "attention", 64): 51,
     (64, 8, "sliding_window", 32): 31, (64, 8, "sliding_window", 64): 51,
     (64, 8, "linear_attention", 64): 51, (64, 8, "linear_attention", 128): 123,
@@ -243,22 +258,15 @@ PILOT_WORST_SECONDS = {                   # (seq_len, n_pairs, architecture, d_m
     (64, 8, "hybrid", 32): 59, (64, 8, "hybrid", 64): 117,
     (64, 8, "conv_attention", 32): 28, (64, 8, "conv_attention", 64): 54,
     (64, 8, "hybrid_deep", 32): 143, (64, 8, "hybrid_deep", 64): 302,
-    (128, 16, "attention", 32): 72, (128, 16, "attention", 64): 115,
-    (128, 16, "sliding_window", 32): 82, (128, 16, "sliding_window", 64): 126,
-    (128, 16, "linear_attention", 64): 107, (128, 16, "linear_attention", 128): 251,
-    (128, 16, "mamba", 32): 210, (128, 16, "mamba", 64): 472,
-    (128, 16, "hybrid", 32): 151, (128, 16, "hybrid", 64): 274,
-    (128, 16, "conv_attention", 32): 61, (128, 16, "conv_attention", 64): 115,
-    (128, 16, "hybrid_deep", 32): 341, (128, 16, "hybrid_deep", 64): 740,
 }
 GRID_WIDTHS = {
-    "attention": {(64, 8): (32, 64), (128, 16): (32, 64)},
-    "sliding_window": {(64, 8): (32, 64), (128, 16): (32, 64)},
-    "linear_attention": {(64, 8): (64, 128), (128, 16): (64, 128)},
-    "mamba": {(64, 8): (32, 64), (128, 16): (32, 64)},
-    "hybrid": {(64, 8): (32, 64), (128, 16): (32, 64)},
-    "conv_attention": {(64, 8): (32, 64), (128, 16): (32, 64)},
-    "hybrid_deep": {(64, 8): (32, 64), (128, 16): (32, 64)},
+    "attention": {(32, 8): (32, 64), (64, 8): (32, 64)},
+    "sliding_window": {(32, 8): (32, 64), (64, 8): (32, 64)},
+    "linear_attention": {(32, 8): (64, 128), (64, 8): (64, 128)},
+    "mamba": {(32, 8): (64, 128), (64, 8): (32, 64)},
+    "hybrid": {(32, 8): (32, 64), (64, 8): (32, 64)},
+    "conv_attention": {(32, 8): (32, 64), (64, 8): (32, 64)},
+    "hybrid_deep": {(32, 8): (32, 64), (64, 8): (32, 64)},
 }
 
 
@@ -436,6 +444,28 @@ def seed_points(selected: dict[tuple, float], seeds=TEST_SEEDS, **overrides) -> 
     """Stage (b): each selected configuration at its rate, with each of ``seeds``."""
     return [GridPoint(a, d, seq_len=L, n_pairs=P, lr=lr, seed=s, stage="seeds", **overrides)
             for (L, P, a, d), lr in selected.items() for s in seeds]
+
+
+def seed_summary(points: list[dict], seeds=TEST_SEEDS) -> list[dict]:
+    """Stage (b), one row per (task, architecture, width) with every one of ``seeds`` present:
+    the rate, the state size, the seeds' test accuracies, their mean, min and max, and how many
+    of the seeds reached ``solved_at`` on validation. Rows in the grid's order."""
+    arch_order = list(GRID_ARCHITECTURES)
+    runs: dict[tuple, dict[int, dict]] = {}
+    for r in points:
+        if r["stage"] == "seeds":
+            runs.setdefault((r["seq_len"], r["n_pairs"], r["architecture"], r["d_model"]), {})[r["seed"]] = r
+    rows = []
+    for (L, P, a, d), by_seed in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                      arch_order.index(kv[0][2]), kv[0][3])):
+        if not set(seeds) <= set(by_seed):
+            continue
+        test = [by_seed[s]["test_accuracy"] for s in seeds]
+        rows.append({"task": f"L{L} P{P}", "seq_len": L, "n_pairs": P, "architecture": a, "d_model": d,
+                     "lr": by_seed[seeds[0]]["lr"], "state_size": by_seed[seeds[0]]["state_size"],
+                     "test": test, "mean": sum(test) / len(test), "min": min(test), "max": max(test),
+                     "solved": sum(by_seed[s]["solved"] for s in seeds), "seeds": len(seeds)})
+    return rows
 
 
 def run_grid(scan: list[GridPoint], out: Path | None = None, *, seeds=TEST_SEEDS, stages=("scan", "seeds"),
