@@ -103,6 +103,33 @@ def test_mla_is_causal_and_caches_the_latent():
         MultiHeadLatentAttention(32, 4, 8, 16, 3)
 
 
+@given(st.integers(1, 9), st.integers(1, 3), st.sampled_from([2, 4]), st.integers(0, 99))
+def test_mla_decodes_token_by_token_from_the_latent_cache(length, heads, d_rope, seed):
+    """Decoding caches only (c_t, k^R_t) and runs the absorbed form for the newest query."""
+    from attnlab.positional import apply_rope
+
+    torch.manual_seed(seed)
+    layer = MultiHeadLatentAttention(24, heads, 8, 12, d_rope).double()
+    x = torch.randn(2, length, 24, dtype=torch.float64)
+    c_all, k_rope_all = layer.latent_cache(x)
+    cache_c, cache_r, rows = [], [], []
+    for t in range(length):
+        x_t, pos = x[:, t:t + 1], torch.tensor([t])
+        cache_c.append(layer.w_dkv(x_t))
+        cache_r.append(apply_rope(layer.w_kr(x_t), pos))
+        C, K_R = torch.cat(cache_c, 1).unsqueeze(1), torch.cat(cache_r, 1).unsqueeze(1)
+        q = layer.w_q(x_t).view(2, heads, 1, 8)
+        q_r = apply_rope(layer.w_qr(x_t).view(2, heads, 1, d_rope), pos)
+        s = torch.einsum("bhld,hcd->bhlc", q, layer.w_uk) @ C.mT + q_r @ K_R.mT
+        o = torch.einsum("bhlc,hcd->bhld", torch.softmax(s / math.sqrt(8 + d_rope), -1) @ C, layer.w_uv)
+        rows.append(layer.w_o(o.reshape(2, 1, heads * 8)))
+    assert torch.allclose(C[:, 0], c_all, rtol=0, atol=1e-12)              # the cache is the latent
+    assert torch.allclose(K_R, k_rope_all, rtol=0, atol=1e-12)
+    full = layer(x)
+    for t in range(length):
+        assert torch.allclose(rows[t][:, 0], full[:, t], rtol=0, atol=1e-10), t
+
+
 # ---- speculative decoding -------------------------------------------------------------------
 
 def test_expected_tokens_and_speedup():
@@ -164,11 +191,39 @@ def test_speculative_generate_with_micro_gpts():
     assert ids.shape == (1, 14) and 0 <= stats["acceptance"] <= 1
     assert stats["drafted"] <= 3 * stats["steps"] and stats["steps"] <= 12
     assert stats["accepted"] + stats["steps"] == 12                              # each step adds one non-draft token
-    same, _ = speculative_generate(target, target, torch.tensor([[0, 1]]), 12, gamma=3,
-                                   generator=torch.Generator().manual_seed(0))
-    assert same.shape == (1, 14)
-    _, perfect = speculative_generate(target, target, torch.tensor([[0, 1]]), 12, gamma=3)
-    assert perfect["acceptance"] == 1.0                                            # a draft equal to the target
+    same, perfect = speculative_generate(target, target, torch.tensor([[0, 1]]), 12, gamma=3,
+                                         generator=torch.Generator().manual_seed(0))
+    assert same.shape == (1, 14) and same[0, :2].tolist() == [0, 1] and 0 <= same.min() <= same.max() < 6
+    # a draft equal to the target is always accepted: every pass emits γ + 1 = 4 tokens
+    assert perfect == {"steps": 3, "drafted": 9, "accepted": 9, "rejected": 0, "acceptance": 1.0}
+
+
+@pytest.mark.parametrize("new_tokens, gamma", [(12, 3), (13, 3), (5, 4), (1, 2), (7, 1)])
+def test_a_perfect_draft_needs_ceil_n_over_gamma_plus_one_target_passes(new_tokens, gamma):
+    """Each step emits min(γ + 1, remaining) tokens when nothing is rejected (the last step drafts
+    only remaining − 1 tokens), so the target runs ⌈N / (γ + 1)⌉ times."""
+    target, _ = tiny_pair(vocab=6, seed=2)
+    ids, stats = speculative_generate(target, target, torch.tensor([[3]]), new_tokens, gamma=gamma,
+                                      generator=torch.Generator().manual_seed(1))
+    assert ids.shape == (1, 1 + new_tokens)
+    assert stats["steps"] == math.ceil(new_tokens / (gamma + 1)) and stats["rejected"] == 0
+    assert stats["accepted"] == stats["drafted"] == new_tokens - stats["steps"]
+
+
+def test_verify_and_speculative_generate_validate():
+    p, q = torch.full((3, 4), 0.25, dtype=torch.float64), torch.full((2, 4), 0.25, dtype=torch.float64)
+    assert len(verify(p, q, [0, 1], torch.Generator().manual_seed(0))) in (1, 2, 3)
+    with pytest.raises(ValueError, match=r"p must be \(3, V\)"):
+        verify(p[:2], q, [0, 1])                                        # p needs one row more than drafts
+    with pytest.raises(ValueError, match=r"q \(2, V\)"):
+        verify(p, q[:1], [0, 1])
+    target, draft = tiny_pair(vocab=4, seed=0)
+    with pytest.raises(ValueError, match="prompt must have shape"):
+        speculative_generate(target, draft, torch.tensor([0, 1]), 4)        # 1-D prompt
+    with pytest.raises(ValueError, match="prompt must have shape"):
+        speculative_generate(target, draft, torch.tensor([[0], [1]]), 4)    # batch of 2
+    with pytest.raises(ValueError, match="gamma must be >= 1"):
+        speculative_generate(target, draft, torch.tensor([[0, 1]]), 4, gamma=0)
 
 
 # ---- native sparse attention ----------------------------------------------------------------
@@ -221,6 +276,60 @@ def test_nsa_branches_reduce_to_known_attention():
     ref = scaled_dot_product_attention(q[..., 20:21, :], k_cmp[..., :2, :], v_cmp[..., :2, :])
     assert torch.allclose(every["compressed"][..., 20:21, :], ref)
     assert every["compressed"][..., :7, :].abs().max() == 0                    # no complete block yet: zeros
+
+
+def _nsa_reference(q, k, v, gates, l, n_sel, w):
+    """NSA from Yuan et al. 2025 section 3, one query at a time (the library's simplifications:
+    mean-pooled blocks of l, the query's own block always selected, one K/V for all branches)."""
+    b, h, n, d = q.shape
+    group = h // k.shape[1]
+    out = torch.zeros_like(q)
+
+    def attend(qv, keys, values):
+        if len(keys) == 0:
+            return torch.zeros(d, dtype=q.dtype), torch.zeros(0, dtype=q.dtype)
+        p = torch.softmax(torch.stack([qv @ key for key in keys]) / math.sqrt(d), 0)
+        return sum(p_ * val for p_, val in zip(p, values)), p
+
+    for bi in range(b):
+        for g in range(k.shape[1]):
+            heads = range(g * group, (g + 1) * group)
+            K, V = k[bi, g], v[bi, g]
+            for i in range(n):
+                done = [j for j in range((i + 1) // l)]                 # blocks ending at or before i
+                K_cmp = [K[j * l:(j + 1) * l].mean(0) for j in done]
+                V_cmp = [V[j * l:(j + 1) * l].mean(0) for j in done]
+                o_cmp, importance = {}, torch.zeros(len(done), dtype=q.dtype)
+                for hi in heads:
+                    o_cmp[hi], p = attend(q[bi, hi, i], K_cmp, V_cmp)
+                    importance = importance + p                         # shared by the GQA group
+                own = i // l
+                earlier = sorted(range(own), key=lambda j: -float(importance[j]))[:n_sel - 1]
+                picked = [t for t in range(i + 1) if t // l in set(earlier) | {own}]
+                window = range(max(0, i - w), i + 1)
+                for hi in heads:
+                    o_slc, _ = attend(q[bi, hi, i], K[picked], V[picked])
+                    o_win, _ = attend(q[bi, hi, i], K[list(window)], V[list(window)])
+                    g_c, g_s, g_w = gates[bi, hi, i]
+                    out[bi, hi, i] = g_c * o_cmp[hi] + g_s * o_slc + g_w * o_win
+    return out
+
+
+@given(st.data())
+def test_nsa_equals_a_per_query_reference(data):
+    l = data.draw(st.integers(1, 6), label="l")
+    n = data.draw(st.integers(l + 1, 30), label="n")                  # at least two blocks
+    n_blocks = math.ceil(n / l)
+    n_sel = data.draw(st.integers(1, n_blocks - 1), label="n_selected")   # fewer than all blocks
+    h_kv, group = data.draw(st.integers(1, 2), label="h_kv"), data.draw(st.integers(1, 3), label="group")
+    w = data.draw(st.integers(0, 6), label="window")
+    seed = data.draw(st.integers(0, 99), label="seed")
+    q, k, v = qkv(1, h_kv * group, n, 4, seed, h_kv=h_kv, dtype=torch.float64)
+    gates = torch.rand(1, h_kv * group, n, 3, generator=torch.Generator().manual_seed(seed),
+                       dtype=torch.float64)
+    ours = _nsa_reference(q, k, v, gates, l, n_sel, w)
+    theirs = native_sparse_attention(q, k, v, gates, block=l, n_selected=n_sel, window=w)
+    assert torch.allclose(ours, theirs, rtol=0, atol=1e-12)
 
 
 def test_selection_follows_importance():
@@ -357,6 +466,29 @@ def test_lineage_links_sections_that_exist():
                 if c["cell_type"] == "code" and "STEMS = [" in "".join(c["source"])]
     stems = re.findall(r'"(\d\d_[a-z_0-9]+)"', table)
     assert stems == [labels[k][0] for k in sorted(labels)]
+
+
+def test_chapter_14_prose_links_resolve():
+    """Every cross-reference written in chapter 14's markdown names a label that exists: links to
+    another chapter (notebooks/NN_stem.html#chNN-...), {ref} roles, and errata anchors."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    nb = json.loads((root / "notebooks" / "14_frontiers.ipynb").read_text())
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    labels = _notebook_labels()
+    links = re.findall(r"notebooks/(\d\d_[a-z0-9_]+)\.html#([\w-]+)", prose)
+    refs = re.findall(r"\{ref\}`[^`<]*<(ch\d\d-[\w-]+)>`", prose)
+    errata = re.findall(r"errata\.html#([\w-]+)", prose)
+    assert len(links) >= 4 and len(errata) >= 13, (links, errata)
+    bad = [(stem, label) for stem, label in links
+           if labels.get(stem[:2], ("", set()))[0] != stem or label not in labels[stem[:2]][1]]
+    bad += [("{ref}", label) for label in refs if label not in labels.get(label[2:4], ("", set()))[1]]
+    errata_labels = set(re.findall(r"^\((errata-[\w-]+)\)=", (root / "book" / "errata.md").read_text(), re.M))
+    bad += [("errata", label) for label in errata if label not in errata_labels]
+    assert not bad, f"chapter 14 links to labels that do not exist: {bad}"
 
 
 # ---- parameter counts: MLA layer, DeepSeek-V3 ---------------------------------------------

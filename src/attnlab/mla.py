@@ -13,8 +13,9 @@ multi-head attention. At inference the up-projection of the keys is *absorbed* i
 directly on the cached latents. Both forms are here and give the same output. Cache sizes
 are computed by :func:`attnlab.kv_cache.mla_cache_bytes` and :func:`attnlab.kv_cache.kv_cache_bytes`.
 
-Simplification: DeepSeek also compresses the queries through a second latent (d_c' = 1536) to
-save activation memory in training; that changes nothing about the cache and is left out.
+Simplifications: DeepSeek also compresses the queries through a second latent (d_c' = 1536) to
+save activation memory in training, and RMS-normalises both latents before their
+up-projections; neither changes what is cached, and both are left out here.
 
 Shapes (see the package docstring):
     x        (b, L, d_model)       the residual stream
