@@ -195,8 +195,8 @@ SCAN_SEED = 0
 TEST_SEEDS = (1, 2, 3)
 VAL_SEED, TEST_SEED = 2_000_000_011, 3_000_000_019     # far from every training batch's seed
 GRID_FILE = "mqar_grid.json"
-# Two widths per mixer and task size, chosen to bracket each one's transition, and sized by the
-# pilot to fit the session's compute.
+# Two widths per mixer and task size, set by probes and the budget (they bracket the transition of
+# attention and the hybrids; Mamba, the window and linear attention fail at both), sized by the pilot.
 #
 # Why these widths (probes of 2026-11-25, x86_64, 2 cpus, torch 2.13, one thread; two-layer
 # attention on L = 64, P = 8, vocabulary 256, random filler, 1,000 steps, best validation
