@@ -81,14 +81,17 @@ def run_points(points: Sequence, run_point: Callable, *, key: Callable, head: di
     return {**head, "points": results}
 
 
-def sweep_args(description: str, data_file: str, argv=None) -> argparse.Namespace:
+def sweep_args(description: str, data_file: str, argv=None, extra=None) -> argparse.Namespace:
     """The options every small sweep takes (``--smoke``, ``--resume``, ``--out``, default
-    ``attnlab/data/<data_file>``), parsed; torch is set to one thread, as every point runs."""
+    ``attnlab/data/<data_file>``), plus any that ``extra(parser)`` adds, parsed; torch is set to
+    one thread, as every point runs."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--smoke", action="store_true", help="one short run, nothing written")
     parser.add_argument("--resume", action="store_true", help="keep the runs already in --out")
     parser.add_argument("--out", type=Path,
                         default=Path(str(resources.files("attnlab").joinpath("data", data_file))))
+    if extra is not None:
+        extra(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     return args

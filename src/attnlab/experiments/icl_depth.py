@@ -11,13 +11,10 @@ chapter 6 uses for its gradient-descent baselines (seed 10**6), used for nothing
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
 from dataclasses import asdict, dataclass
-from importlib import resources
-from pathlib import Path
 
 import torch
 
@@ -111,13 +108,7 @@ def load_sweep(name: str = DATA_FILE) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="one short point per depth")
-    parser.add_argument("--resume", action="store_true", help="keep the points already in --out")
-    parser.add_argument("--out", type=Path,
-                        default=Path(str(resources.files("attnlab").joinpath("data", DATA_FILE))))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    args = _sweep.sweep_args(__doc__.split("\n\n")[0], DATA_FILE, argv)
     if args.smoke:
         points = [PointConfig(k, 1e-2, steps=20, n_val=64, n_test=64) for k in DEPTHS]
     else:

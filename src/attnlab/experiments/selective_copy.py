@@ -26,14 +26,12 @@ chapter's test of which layer selects.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from importlib import resources
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -265,14 +263,10 @@ def load_pretrained() -> list[tuple[MambaLM, dict]]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="one short point per arm")
-    parser.add_argument("--resume", action="store_true", help="keep the points already in --out")
-    parser.add_argument("--weights", action="store_true", help="retrain the shipped models and save them")
-    parser.add_argument("--out", type=Path,
-                        default=Path(str(resources.files("attnlab").joinpath("data", DATA_FILE))))
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
+    def weights_option(parser):
+        parser.add_argument("--weights", action="store_true", help="retrain the shipped models and save them")
+
+    args = _sweep.sweep_args(__doc__.split("\n\n")[0], DATA_FILE, argv, extra=weights_option)
     if args.weights:
         best = summarise(json.loads(args.out.read_text())["points"])["selective"]
         saved = {"command": "python -m attnlab.experiments.selective_copy --weights", "models": []}
