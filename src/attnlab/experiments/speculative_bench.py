@@ -19,7 +19,7 @@ expected acceptance β = Σ_x min(p(x), q(x)) at held-out positions (mean and qu
 whose spread is why a single α does not describe every step.
 
     python -m attnlab.experiments.speculative_bench --smoke     # seconds, writes nothing
-    python -m attnlab.experiments.speculative_bench             # about two minutes at one thread
+    python -m attnlab.experiments.speculative_bench             # about three minutes at one thread
 
 Writes ``attnlab/data/speculative_bench.json`` after every point; ``--resume`` skips the
 points already there. It runs at one torch thread.
