@@ -61,6 +61,25 @@ def test_draft_writes_mostly_words_of_the_training_text(shipped):
     assert sum(w in known for w in words) / len(words) > 0.7
 
 
+def test_target_strings_real_words_into_the_manuals_word_pairs_more_often_than_the_draft(shipped):
+    """Both write mostly real words (the draft about nine in ten); the target's adjacent word pairs
+    occur in the training text far more often. Chapter 14's readability check on other samples:
+    32 per model, from four prompts."""
+    data = shipped["target"][1]
+    train_words = re.findall(r"[A-Za-z]+", data.decode(data.train_ids))
+    known, known_pairs = set(train_words), set(zip(train_words, train_words[1:]))
+    prompts = torch.stack([data.encode(p) for p in ("The ", "If t", "A cl", "This")]).repeat(8, 1)
+    shares = {}
+    for size, (model, _) in shipped.items():
+        ids = generate(model, prompts, 56, temperature=0.8, generator=torch.Generator().manual_seed(1))
+        words = [re.findall(r"[A-Za-z]+", data.decode(row))[:-1] for row in ids]
+        flat, pairs = sum(words, []), [p for w in words for p in zip(w, w[1:])]
+        shares[size] = (sum(w in known for w in flat) / len(flat),
+                        sum(p in known_pairs for p in pairs) / len(pairs))
+    assert shares["target"][0] > 0.95 and shares["draft"][0] > 0.85
+    assert shares["target"][1] > shares["draft"][1] + 0.1, shares
+
+
 def test_entropy_log_has_one_value_per_layer(shipped):
     log = microgpt.load_log("target")["log"]
     layers = shipped["target"][0].config.n_layers
