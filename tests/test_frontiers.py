@@ -184,6 +184,27 @@ def test_verify_samples_match_the_exact_distribution():
     assert max_abs_error(counts / trials, p[0]) < 4 * math.sqrt(0.25 / trials)   # 4 standard errors
 
 
+def test_speculative_generate_samples_the_tempered_targets_distribution():
+    """Statistical check of ``speculative_generate`` itself (its slicing, temperature and shortened
+    last step): the empirical law of 2 new tokens (γ = 3, so the second step drafts fewer than γ)
+    against the exact autoregressive law of the target at the same temperature."""
+    target, draft = tiny_pair(vocab=3, seed=3)
+    prefix, temperature, trials = (1, 2), 3.0, 2000
+    p = next_token_probs(target, temperature=temperature)
+    q = next_token_probs(draft, temperature=temperature)
+    assert acceptance_rate(p(prefix), q(prefix)) < 0.95                        # the draft really differs
+    exact = autoregressive_distribution(p, prefix, 2, 3).flatten()
+    counts = torch.zeros(9, dtype=torch.float64)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(trials):
+        ids, _ = speculative_generate(target, draft, torch.tensor([prefix]), 2, gamma=3,
+                                      temperature=temperature, generator=g)
+        counts[3 * ids[0, 2] + ids[0, 3]] += 1
+    # each cell within 4.5 standard errors of its exact probability
+    bound = 4.5 * torch.sqrt(exact * (1 - exact) / trials) + 1e-12
+    assert ((counts / trials - exact).abs() <= bound).all(), (counts / trials, exact)
+
+
 def test_speculative_generate_with_micro_gpts():
     target, draft = tiny_pair(vocab=6, seed=1)
     ids, stats = speculative_generate(target, draft, torch.tensor([[0, 1]]), 12, gamma=3,

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -219,6 +220,28 @@ def load_log(size: str = "target") -> dict:
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
     return _sweep.load_data(f"microgpt_{size}.json")
+
+
+def training_vocabulary(data: CharCorpus) -> tuple[set[str], set[tuple[str, str]]]:
+    """The words of the training text and its adjacent word pairs (a word: a run of ASCII letters)."""
+    words = re.findall(r"[A-Za-z]+", data.decode(data.train_ids))
+    return set(words), set(zip(words, words[1:]))
+
+
+def word_shares(texts: list[str], vocabulary: tuple[set[str], set[tuple[str, str]]]) -> dict:
+    """How often ``texts`` use the training text's words and adjacent word pairs.
+
+    Each text's last word is dropped, since a sample may end inside it. Returns the counts and
+    ``"real words"`` = (words found in the training text) / words and ``"pairs of the manual"`` =
+    (adjacent pairs found adjacent there) / pairs. ``vocabulary`` is :func:`training_vocabulary`.
+    """
+    known, known_pairs = vocabulary
+    words = [re.findall(r"[A-Za-z]+", t)[:-1] for t in texts]
+    flat, pairs = sum(words, []), [p for w in words for p in zip(w, w[1:])]
+    if not pairs:
+        raise ValueError(f"word_shares: texts hold {len(flat)} words and no word pair; pass longer texts")
+    return {"words": len(flat), "real words": sum(w in known for w in flat) / len(flat),
+            "word pairs": len(pairs), "pairs of the manual": sum(p in known_pairs for p in pairs) / len(pairs)}
 
 
 # ---------------------------------------------------------------------------------------------
