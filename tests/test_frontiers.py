@@ -205,6 +205,23 @@ def test_speculative_generate_samples_the_tempered_targets_distribution():
     assert ((counts / trials - exact).abs() <= bound).all(), (counts / trials, exact)
 
 
+@pytest.mark.parametrize("gamma", [1, 3, 5])
+def test_cached_speculative_generate_writes_the_same_tokens_as_uncached(gamma):
+    """use_cache=True feeds only what each cache lacks and rolls both back after every verify pass;
+    in float64 its logits equal the uncached ones to rounding, so the same seed gives the same run."""
+    target, draft = (m.double() for m in tiny_pair(vocab=6, seed=4))
+    for model in (target, draft):
+        model.lm_head.weight.data.div_(8)                       # accept some drafts, reject others
+    accepted = rejected = 0
+    for seed in range(4):
+        runs = [speculative_generate(target, draft, torch.tensor([[0, 1, 2]]), 11, gamma=gamma,
+                                     use_cache=cached, generator=torch.Generator().manual_seed(seed))
+                for cached in (False, True)]
+        assert torch.equal(runs[0][0], runs[1][0]) and runs[0][1] == runs[1][1]
+        accepted, rejected = accepted + runs[1][1]["accepted"], rejected + runs[1][1]["rejected"]
+    assert accepted > 0 and rejected > 0                        # both paths of the rollback ran
+
+
 def test_speculative_generate_with_micro_gpts():
     target, draft = tiny_pair(vocab=6, seed=1)
     ids, stats = speculative_generate(target, draft, torch.tensor([[0, 1]]), 12, gamma=3,
@@ -245,6 +262,8 @@ def test_verify_and_speculative_generate_validate():
         speculative_generate(target, draft, torch.tensor([[0], [1]]), 4)    # batch of 2
     with pytest.raises(ValueError, match="gamma must be >= 1"):
         speculative_generate(target, draft, torch.tensor([[0, 1]]), 4, gamma=0)
+    with pytest.raises(ValueError, match="new_cache"):
+        speculative_generate(lambda ids: target(ids), draft, torch.tensor([[0, 1]]), 4, use_cache=True)
 
 
 # ---- native sparse attention ----------------------------------------------------------------

@@ -186,6 +186,11 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+def _logits_cached(model, new_ids: torch.Tensor, cache) -> torch.Tensor:
+    out = model(new_ids, cache=cache)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def next_token_probs(model, *, temperature: float = 1.0) -> ProbsFn:
     """Wrap a model as prefix (tuple of ids) -> next-token distribution (V,), float64, memoised."""
     if not temperature > 0:
@@ -205,12 +210,17 @@ def next_token_probs(model, *, temperature: float = 1.0) -> ProbsFn:
 
 @torch.no_grad()
 def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: int, *, gamma: int = 4,
-                         temperature: float = 1.0, generator: torch.Generator | None = None):
-    """Sample ``max_new_tokens`` tokens from ``target`` with speculative decoding (batch 1, no cache).
+                         temperature: float = 1.0, use_cache: bool = False,
+                         generator: torch.Generator | None = None):
+    """Sample ``max_new_tokens`` tokens from ``target`` with speculative decoding (batch 1).
 
     Args: target, draft: models (ids (1, L) -> logits (1, L, V)); prompt (1, L0) ids; gamma >= 1
         drafts per step (fewer in the last step, so no model sees more than L0 + max_new_tokens
-        positions); generator on the CPU drives all random choices.
+        positions); use_cache: keep a KV cache per model (both must have ``new_cache``, as
+        :class:`~attnlab.models.MicroGPT` does): each call then feeds only the tokens its cache
+        lacks, and after verification both caches are rolled back (``truncate``) to the tokens
+        kept, minus the newest, which the next call feeds; generator on the CPU drives all
+        random choices.
     Returns: (ids (1, L0 + max_new_tokens), stats) with stats = {"steps": target passes,
         "drafted": drafts proposed, "accepted": drafts kept, "rejected": drafts rejected,
         "acceptance": accepted / (accepted + rejected)}. Drafts after the first rejection of a
@@ -221,19 +231,30 @@ def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: in
         raise ValueError(f"prompt must have shape (1, L0), got {tuple(prompt.shape)}")
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
+    if use_cache and not all(hasattr(m, "new_cache") for m in (target, draft)):
+        raise ValueError("use_cache=True needs target and draft with a new_cache method (e.g. MicroGPT); "
+                         f"got {type(target).__name__} and {type(draft).__name__}")
+    total = prompt.shape[1] + max_new_tokens
+    caches = (target.new_cache(1, total), draft.new_cache(1, total)) if use_cache else (None, None)
+
+    def run(model, cache, ids):                              # logits for the tokens the cache lacks
+        if cache is None:
+            return _logits(model, ids)
+        return _logits_cached(model, ids[:, cache.length:], cache)
+
     ids = prompt
     steps = drafted = accepted = rejected = 0
-    while (remaining := max_new_tokens - (ids.shape[1] - prompt.shape[1])) > 0:
+    while (remaining := total - ids.shape[1]) > 0:
         n_drafts = min(gamma, remaining - 1)                 # never run past prompt + max_new_tokens positions
         context = ids
         drafts, q_rows = [], []
         for _ in range(n_drafts):
-            q = torch.softmax(_logits(draft, context)[0, -1].double().cpu() / temperature, dim=-1)
+            q = torch.softmax(run(draft, caches[1], context)[0, -1].double().cpu() / temperature, dim=-1)
             x = int(torch.multinomial(q, 1, generator=generator))
             drafts.append(x)
             q_rows.append(q)
             context = torch.cat([context, context.new_tensor([[x]])], dim=1)
-        logits = _logits(target, context)[0, -n_drafts - 1:]                               # one target pass
+        logits = run(target, caches[0], context)[0, -n_drafts - 1:]                      # one target pass
         p = torch.softmax(logits.double().cpu() / temperature, dim=-1)
         q_stack = torch.stack(q_rows) if q_rows else p.new_zeros(0, p.shape[-1])
         emitted = verify(p, q_stack, drafts, generator)
@@ -241,6 +262,10 @@ def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: in
         rejected += len(emitted) <= n_drafts                            # the step ended at a rejected draft
         drafted += n_drafts
         steps += 1
+        kept = ids.shape[1] + len(emitted) - 1                          # positions whose K, V stay valid
+        for cache in caches:
+            if cache is not None and cache.length > kept:
+                cache.truncate(kept)                                    # forget the rejected drafts
         ids = torch.cat([ids, ids.new_tensor([emitted])], dim=1)
     stats = {"steps": steps, "drafted": drafted, "accepted": accepted, "rejected": rejected,
              "acceptance": accepted / max(accepted + rejected, 1)}

@@ -11,7 +11,7 @@ tokens per target pass, the CPU time spent inside the target's and the draft's f
 during speculative sampling (the rest is the verify step and Python), the CPU time inside the
 target's calls during plain sampling (the rest is its own sampling and Python), and the time of
 speculative sampling against plain sampling from the target, both without a KV cache
-(``speculative_generate`` has none). The same quantities are stored per seed (``"per_seed"``). Time is measured twice:
+(``speculative_generate`` is run with ``use_cache=False``). The same quantities are stored per seed (``"per_seed"``). Time is measured twice:
 wall time, and the CPU time of the decoding thread (``time.thread_time``), which a busy
 machine does not inflate. The ``"pair"`` point records the cost ratio c (draft forward time /
 target forward time at the lengths decoding uses), the models' validation losses, and the
