@@ -9,6 +9,11 @@ def test_14_speculative_tokens_per_pass():
     accepts("14-speculative-tokens-per-pass", expected_tokens_per_step(0.8, 4))
 
 
+def test_14_speculative_cached_speedup():
+    from attnlab.speculative import expected_speedup
+    accepts("14-speculative-cached-speedup", expected_speedup(0.8, 4, 0.4))
+
+
 def test_14_mla_v2_cache_kib():
     from attnlab.kv_cache import mla_cache_bytes
     accepts("14-mla-v2-cache-kib", mla_cache_bytes(60, 512, 64, 1, bytes_per_element=2) / 1024)
