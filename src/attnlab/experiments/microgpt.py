@@ -231,12 +231,13 @@ def training_vocabulary(data: CharCorpus) -> tuple[set[str], set[tuple[str, str]
 def word_shares(texts: list[str], vocabulary: tuple[set[str], set[tuple[str, str]]]) -> dict:
     """How often ``texts`` use the training text's words and adjacent word pairs.
 
-    Each text's last word is dropped, since a sample may end inside it. Returns the counts and
+    Each text's first and last words are dropped, since a window of text may start or end inside a
+    word (and a sample's first word is its prompt's). Returns the counts and
     ``"real words"`` = (words found in the training text) / words and ``"pairs of the manual"`` =
     (adjacent pairs found adjacent there) / pairs. ``vocabulary`` is :func:`training_vocabulary`.
     """
     known, known_pairs = vocabulary
-    words = [re.findall(r"[A-Za-z]+", t)[:-1] for t in texts]
+    words = [re.findall(r"[A-Za-z]+", t)[1:-1] for t in texts]
     flat, pairs = sum(words, []), [p for w in words for p in zip(w, w[1:])]
     if not pairs:
         raise ValueError(f"word_shares: texts hold {len(flat)} words and no word pair; pass longer texts")

@@ -53,7 +53,7 @@ def prompts(corpus, count: int = PROMPTS, length: int = PROMPT_LEN) -> list[torc
     return [ids[s:s + length].unsqueeze(0) for s in starts]
 
 
-class _Clocked:
+class Clocked:
     """A model wrapper that adds up the calls and the thread CPU time spent inside them."""
 
     def __init__(self, model):
@@ -115,7 +115,7 @@ def run_gamma(target, draft, corpus, gamma: int, *, n_prompts: int = PROMPTS, se
     per_seed = []
     for seed in range(seeds):
         row = dict.fromkeys(keys, 0)
-        clocked_target, clocked_draft, clocked_plain = _Clocked(target), _Clocked(draft), _Clocked(target)
+        clocked_target, clocked_draft, clocked_plain = Clocked(target), Clocked(draft), Clocked(target)
         for i, prompt in enumerate(prompts(corpus, n_prompts)):
             g = torch.Generator().manual_seed(1000 * seed + i)
             (_, stats), w, c = _timed(lambda: speculative_generate(clocked_target, clocked_draft, prompt, new_tokens,
