@@ -181,13 +181,8 @@ def autoregressive_distribution(target: ProbsFn, prefix: tuple, length: int, voc
     return table
 
 
-def _logits(model, ids: torch.Tensor) -> torch.Tensor:
-    out = model(ids)
-    return out[0] if isinstance(out, tuple) else out
-
-
-def _logits_cached(model, new_ids: torch.Tensor, cache) -> torch.Tensor:
-    out = model(new_ids, cache=cache)
+def _logits(model, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+    out = model(ids, **kwargs)
     return out[0] if isinstance(out, tuple) else out
 
 
@@ -240,7 +235,7 @@ def speculative_generate(target, draft, prompt: torch.Tensor, max_new_tokens: in
     def run(model, cache, ids):                              # logits for the tokens the cache lacks
         if cache is None:
             return _logits(model, ids)
-        return _logits_cached(model, ids[:, cache.length:], cache)
+        return _logits(model, ids[:, cache.length:], cache=cache)
 
     ids = prompt
     steps = drafted = accepted = rejected = 0
